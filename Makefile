@@ -1,0 +1,36 @@
+# `make test` and `make demo` each build .venv from nothing (torch pinned: an unpinned torch would
+# pull a multi-GB CUDA build) and then run. The stamp file re-installs when the inputs change.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+REQS := pyproject.toml $(wildcard requirements/*.txt)
+
+.PHONY: test test-fast demo lint docs clean
+
+$(STAMP): $(REQS)
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[test,demo]'
+	if [ -f requirements/crosscheck.txt ]; then $(BIN)/python -m pip install -q --no-deps -r requirements/crosscheck.txt; fi
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not external"
+
+demo: $(STAMP)
+	$(BIN)/python -m qlinear.demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+docs: $(STAMP)
+	$(BIN)/python -m qlinear.cli backends --markdown > docs/backends.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

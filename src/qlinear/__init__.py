@@ -1,0 +1,54 @@
+"""qlinear: kernels for quantized LLM weights.
+
+Every packed format read and written bit-exactly through one canonical affine form, a selector
+that explains which kernel runs a layer and why the others cannot, and fast Torch paths.
+Importing qlinear touches no GPU, compiles nothing and reads no environment variable.
+"""
+
+from .affine import AffineWeight, quantize_rtn
+from .caps import Caps, Problem
+from .enums import BACKEND, DEVICE, FORMAT, METHOD, PLATFORM
+from .kernels.base import QuantLinear, RetiredKernelError
+from .kernels.torch import TorchLinear, TorchQuantEmbeddings
+from .packing import (
+    hf_check_best_packing_format,
+    hf_check_packing_feasibility,
+    hf_pack_layer,
+    hf_post_init,
+    hf_repack_layer,
+)
+from .select import Choice, NoKernelError, Verdict, explain, select
+from .spec import ConfigError, QuantizeConfig, Scheme
+from .target import DeviceInfo, Target
+
+__all__ = [
+    "BACKEND",
+    "DEVICE",
+    "FORMAT",
+    "METHOD",
+    "PLATFORM",
+    "AffineWeight",
+    "Caps",
+    "Choice",
+    "ConfigError",
+    "DeviceInfo",
+    "NoKernelError",
+    "Problem",
+    "QuantLinear",
+    "QuantizeConfig",
+    "RetiredKernelError",
+    "Scheme",
+    "Target",
+    "TorchLinear",
+    "TorchQuantEmbeddings",
+    "Verdict",
+    "explain",
+    "hf_check_best_packing_format",
+    "hf_check_packing_feasibility",
+    "hf_pack_layer",
+    "hf_post_init",
+    "hf_repack_layer",
+    "quantize_rtn",
+    "select",
+]
+__version__ = "0.1.0"

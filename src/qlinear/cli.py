@@ -1,0 +1,150 @@
+"""``qlinear`` on the command line: ``backends``, ``explain`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from .caps import KNOWN_ARCHS, Problem, caps_table_row
+from .enums import BACKEND, FORMAT
+from .kernels.registry import all_kernels
+from .select import explain, parse_dtype
+from .spec import PACK_DTYPES, ConfigError, Scheme, method_of
+from .target import DeviceError, Target
+
+
+def _target(args: argparse.Namespace) -> Target:
+    if args.gpu_arch:
+        major, _, minor = args.gpu_arch.removeprefix("sm_").partition(".")
+        if not minor and len(major) >= 2:
+            major, minor = major[:-1], major[-1]
+        arch = (int(major), int(minor or 0))
+        if arch not in KNOWN_ARCHS:
+            raise ConfigError(f"--gpu-arch {args.gpu_arch}: unknown architecture; known: "
+                              + ", ".join(f"{a[0]}.{a[1]}" for a in KNOWN_ARCHS))
+        return Target.fake_cuda(arch, name=f"hypothetical sm_{arch[0]}{arch[1]} GPU")
+    return Target.here([d.strip() for d in args.device.split(",")])
+
+
+def _short(values: object) -> str:
+    if values is None:
+        return "-"
+    if isinstance(values, dict):
+        return ", ".join(f"{k}:{v}" for k, v in values.items())
+    if isinstance(values, list):
+        return ",".join(str(v) for v in values)
+    return str(values)
+
+
+def cmd_backends(args: argparse.Namespace) -> int:
+    """Every backend of the reference: what it declares and whether it can run on this machine."""
+    target = _target(args)
+    rows = []
+    for kernel in all_kernels():
+        row = caps_table_row(kernel.backend, kernel.__name__, kernel.caps)
+        reasons = kernel.target_reasons(target)
+        row["here"] = {"ok": not reasons, "reasons": reasons}
+        rows.append(row)
+    if args.json:
+        json.dump({"target": str(target), "kernels": rows}, sys.stdout, indent=2)
+        print()
+        return 0
+    cols = ("class", "backend", "formats", "bits", "group_sizes", "devices", "dtypes")
+    if args.markdown:
+        print(markdown_table(rows, cols))
+        return 0
+    print(f"target: {target}")
+    table = [[_short(r[c]) for c in cols] + ["yes" if r["here"]["ok"] else "no: " + "; ".join(r["here"]["reasons"])]
+             for r in rows]
+    headers = [*cols, "runs here"]
+    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(headers[:-1])]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)) + "  " + headers[-1])
+    for t in table:
+        print("  ".join(v.ljust(w) for v, w in zip(t, widths)) + "  " + t[-1])
+    return 0
+
+
+def markdown_table(rows: list[dict[str, object]], cols: Sequence[str]) -> str:
+    """The declarations as a Markdown table (docs/backends.md is generated from this)."""
+    extra = ("desc_act", "sym", "pack_dtypes", "in_divisible", "out_divisible", "gpu_archs", "requires")
+    head = [*cols, *extra, "status"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        reasons = r["here"]["reasons"]
+        status = "not implemented yet" if "not implemented yet" in reasons else (
+            next((x for x in reasons if x.startswith("retired")), "implemented"))
+        cells = [_short(r[c]) for c in (*cols, *extra)] + [status]
+        out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return "\n".join(out)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """Which kernel runs this layer here, and why each other one cannot."""
+    fmt = FORMAT(args.format)
+    scheme = Scheme(bits=args.bits, group_size=args.group_size, in_features=args.in_features,
+                    out_features=args.out_features, sym=not args.asym, desc_act=args.desc_act,
+                    method=method_of(fmt), format=fmt, pack_dtype=args.pack_dtype)
+    problem = Problem(scheme, parse_dtype(args.dtype), training=args.training)
+    choice = explain(problem, _target(args), args.backend)
+    if args.json:
+        json.dump(choice.to_dict(), sys.stdout, indent=2)
+        print()
+    else:
+        print(choice.explain())
+    return 0 if choice.kernel is not None else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo.__main__ import main as demo_main
+
+    return demo_main(args.rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qlinear", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add_target(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--device", default="cpu", help="device(s) of this machine, comma-separated (cpu, cuda:0,...)")
+        p.add_argument("--gpu-arch", help="ask about a hypothetical CUDA GPU instead, e.g. 9.0 or sm_90")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("backends", help="every backend: declarations and whether it runs here")
+    add_target(p)
+    p.add_argument("--markdown", action="store_true", help="the declarations as a Markdown table (for the docs)")
+    p.set_defaults(func=cmd_backends)
+
+    p = sub.add_parser("explain", help="which backend runs a layer, and why the others cannot")
+    add_target(p)
+    p.add_argument("--format", default="gptq_v2", help=f"one of: {', '.join(f.value for f in FORMAT)}")
+    p.add_argument("--bits", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=128)
+    p.add_argument("--in", dest="in_features", type=int, required=True, help="in_features (K)")
+    p.add_argument("--out", dest="out_features", type=int, required=True, help="out_features (N)")
+    p.add_argument("--asym", action="store_true", help="asymmetric (zero points); default symmetric")
+    p.add_argument("--desc-act", action="store_true", help="act-order grouping (g_idx)")
+    p.add_argument("--training", action="store_true")
+    p.add_argument("--dtype", default="float16", help="activation dtype: float16, bfloat16, float32")
+    p.add_argument("--pack-dtype", default="int32", choices=list(PACK_DTYPES))
+    p.add_argument("--backend", default="auto", help=f"auto or one of: {', '.join(b.value for b in BACKEND)}")
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("demo", help="quantize MiniLM-L6 and run it through qlinear kernels")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the demo (see qlinear demo -- -h)")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, DeviceError, ValueError) as err:
+        print(f"qlinear: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The names the reference uses for methods, checkpoint formats, backends and devices.
+
+Every enum accepts its members' names or values in any case (``"GPTQ_V2"``, ``"gptq_v2"``), and an
+unknown name raises a ``ValueError`` that lists the valid ones, so a typo in a config file or on
+the command line is answered with the choices instead of a bare ``KeyError``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class _LenientEnum(str, Enum):
+    """A string enum that parses case-insensitively, by name or value."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> _LenientEnum | None:
+        if isinstance(value, str):
+            wanted = value.strip().lower().replace("-", "_")
+            for member in cls:
+                if wanted in (member.name.lower(), member.value.lower().replace("-", "_")):
+                    return member
+        valid = ", ".join(m.value for m in cls)
+        raise ValueError(f"unknown {cls.__name__} {value!r}; expected one of: {valid}")
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class METHOD(_LenientEnum):
+    """Quantization method: how the numbers were chosen."""
+
+    GPTQ = "gptq"
+    AWQ = "awq"
+    QQQ = "qqq"
+    GGUF = "gguf"
+    FP8 = "fp8"
+    FP4 = "fp4"
+    BITSANDBYTES = "bitsandbytes"
+    VPTQ = "vptq"
+    PAROQUANT = "paroquant"
+    EXL3 = "exl3"
+
+
+class FORMAT(_LenientEnum):
+    """Checkpoint format: where the bits sit on disk (a Scheme, a Layout and tensor names)."""
+
+    GPTQ = "gptq"
+    GPTQ_V2 = "gptq_v2"
+    GPTQ_P = "gptq_p"
+    MARLIN = "marlin"
+    BITBLAS = "bitblas"
+    GEMM = "gemm"
+    GEMV = "gemv"
+    GEMV_FAST = "gemv_fast"
+    LLM_AWQ = "llm-awq"
+    QQQ = "qqq"
+    GGUF = "gguf"
+    FP8 = "fp8"
+    BITSANDBYTES = "bitsandbytes"
+    VPTQ = "vptq"
+    PAROQUANT = "paroquant"
+    EXL3 = "exl3"
+
+
+class BACKEND(_LenientEnum):
+    """Every backend the reference names, plus AUTO (let the selector choose)."""
+
+    AUTO = "auto"
+    GPTQ_TORCH = "gptq_torch"
+    GPTQ_TORCH_ATEN = "gptq_torch_aten"
+    GPTQ_TORCH_FUSED = "gptq_torch_fused"
+    GPTQ_TORCH_INT8 = "gptq_torch_int8"
+    GPTQ_TORCH_CPU_AVX512 = "gptq_torch_cpu_avx512"
+    GPTQ_TRITON = "gptq_triton"
+    GPTQ_MARLIN = "gptq_marlin"
+    GPTQ_MACHETE = "gptq_machete"
+    GPTQ_SWORDFISH = "gptq_swordfish"
+    GPTQ_EXLLAMA_V2 = "gptq_exllama_v2"
+    GPTQ_BITBLAS = "gptq_bitblas"
+    GPTQ_W4AFP8 = "gptq_w4afp8"
+    GPTQ_W4A_NVFP4 = "gptq_w4a_nvfp4"
+    AWQ_TORCH = "awq_torch"
+    AWQ_TORCH_ATEN = "awq_torch_aten"
+    AWQ_TORCH_FUSED = "awq_torch_fused"
+    AWQ_TORCH_INT8 = "awq_torch_int8"
+    AWQ_TORCH_CPU_AVX512 = "awq_torch_cpu_avx512"
+    AWQ_GEMM = "awq_gemm"
+    AWQ_GEMM_TRITON = "awq_gemm_triton"
+    AWQ_GEMV = "awq_gemv"
+    AWQ_GEMV_FAST = "awq_gemv_fast"
+    AWQ_MARLIN = "awq_marlin"
+    AWQ_MACHETE = "awq_machete"
+    AWQ_SWORDFISH = "awq_swordfish"
+    AWQ_EXLLAMA_V2 = "awq_exllama_v2"
+    AWQ_BITBLAS = "awq_bitblas"
+    GGUF_TORCH = "gguf_torch"
+    GGUF_TRITON = "gguf_triton"
+    GGUF_CPP_CPU = "gguf_cpp_cpu"
+    GGUF_CPP_CUDA = "gguf_cpp_cuda"
+    FP8_TORCH = "fp8_torch"
+    BITSANDBYTES = "bitsandbytes"
+    QQQ = "qqq"
+    QQQ_TORCH = "qqq_torch"
+    VPTQ_TORCH = "vptq_torch"
+    VPTQ_CUDA = "vptq_cuda"
+    PAROQUANT_CUDA = "paroquant_cuda"
+    PAROQUANT_TRITON = "paroquant_triton"
+    EXL3_EXLLAMA_V3 = "exl3_exllama_v3"
+    EXL3_TORCH = "exl3_torch"
+    MLX = "mlx"
+
+
+class DEVICE(_LenientEnum):
+    """Device families a kernel can declare. ROCm shares torch's ``cuda`` namespace but not its binaries."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+    ROCM = "rocm"
+    XPU = "xpu"
+    MPS = "mps"
+
+
+ALL_DEVICES = frozenset(DEVICE)
+
+
+class PLATFORM(_LenientEnum):
+    """Operating systems a kernel can declare (values as in ``sys.platform``)."""
+
+    LINUX = "linux"
+    WINDOWS = "win32"
+    DARWIN = "darwin"
+
+
+ALL_PLATFORMS = frozenset(PLATFORM)

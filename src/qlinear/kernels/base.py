@@ -1,0 +1,153 @@
+"""The kernel base class: a declaration (``caps``), the reasons it cannot run a layer, and a lifecycle.
+
+Lifecycle: checkpoint buffers are filled (by ``load_affine`` or by loading a state dict), then
+``prepare()`` derives any kernel-private runtime tensors, then ``forward``. Runtime state is keyed
+by the identity, version, device, dtype and shape of the checkpoint tensors it came from, so a
+mutation, a move or a dtype change rebuilds it on the next forward instead of serving stale data.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from ..affine import AffineWeight
+from ..caps import Caps, Problem
+from ..enums import BACKEND
+from ..spec import Scheme
+from ..target import Target
+
+
+class RetiredKernelError(RuntimeError):
+    """A backend the reference keeps only by name; its message says what to use instead."""
+
+
+def tensor_key(t: torch.Tensor | None) -> tuple[object, ...]:
+    """What identifies a tensor's current contents cheaply: storage, version, device, dtype, shape."""
+    if t is None:
+        return (None,)
+    return (t.untyped_storage().data_ptr(), t._version, t.device, t.dtype, tuple(t.shape))
+
+
+class QuantLinear(nn.Module):
+    """Base of every kernel. Subclasses set ``backend`` and ``caps`` and implement the layout hooks."""
+
+    backend: ClassVar[BACKEND]
+    caps: ClassVar[Caps]
+    #: False for backends registered from the reference but not built yet; the selector says so.
+    implemented: ClassVar[bool] = True
+    #: A migration message for retired backends; construction and validation raise or report it.
+    retired: ClassVar[str | None] = None
+
+    # ---------------------------------------------------------------- declaration and validation
+    @classmethod
+    def reasons(cls, problem: Problem, target: Target) -> list[str]:
+        """Every reason this kernel cannot run ``problem`` on ``target``; ``[]`` when it can."""
+        if cls.retired:
+            return [f"retired: {cls.retired}"]
+        out = [] if cls.implemented else ["not implemented yet"]
+        out += cls.caps.reasons(problem, target)
+        out += cls.runtime_reasons(problem, target)
+        return out
+
+    @classmethod
+    def target_reasons(cls, target: Target) -> list[str]:
+        """Reasons this kernel cannot run any layer on ``target`` (for ``qlinear backends``)."""
+        if cls.retired:
+            return [f"retired: {cls.retired}"]
+        out = [] if cls.implemented else ["not implemented yet"]
+        return out + cls.caps.target_reasons(target) + cls.runtime_target_reasons(target)
+
+    @classmethod
+    def runtime_target_reasons(cls, target: Target) -> list[str]:
+        """Kernel-specific facts about the target alone (CPU flags, exact device checks); also part of
+        ``runtime_reasons`` by default."""
+        return []
+
+    @classmethod
+    def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
+        """Kernel-specific checks beyond the declaration (shape rules, exact-device facts)."""
+        return cls.runtime_target_reasons(target)
+
+    # ---------------------------------------------------------------- construction
+    def __init__(self, scheme: Scheme, bias: bool = False, dtype: torch.dtype = torch.float16) -> None:
+        if self.retired:
+            raise RetiredKernelError(f"{type(self).__name__}: {self.retired}")
+        if not self.implemented:
+            raise NotImplementedError(f"{type(self).__name__} ({self.backend.value}) is declared but not implemented "
+                                      "yet; `qlinear explain` lists the backends that can run this layer")
+        super().__init__()
+        self.scheme = scheme
+        self.dtype = dtype
+        self.choice = None  # set by QuantLinear.create(): the selector's Choice, for explain()
+        self._runtime_key: tuple[object, ...] | None = None
+        self.register_checkpoint_buffers(bias)
+
+    @property
+    def in_features(self) -> int:
+        return self.scheme.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.scheme.out_features
+
+    def extra_repr(self) -> str:
+        s = self.scheme
+        return (f"in_features={s.in_features}, out_features={s.out_features}, bits={s.bits}, "
+                f"group_size={-1 if s.channelwise else s.group_size}, sym={s.sym}, desc_act={s.desc_act}, "
+                f"format={s.format.value}, backend={self.backend.value}")
+
+    # ---------------------------------------------------------------- layout hooks (subclasses)
+    def register_checkpoint_buffers(self, bias: bool) -> None:
+        """Register the checkpoint-layout buffers (zero-filled) for ``self.scheme``."""
+        raise NotImplementedError
+
+    def load_affine(self, q: AffineWeight, bias: torch.Tensor | None = None) -> None:
+        """Encode the canonical weight into the checkpoint buffers, bit-exactly as the format writes it."""
+        raise NotImplementedError
+
+    def affine(self) -> AffineWeight:
+        """Decode the checkpoint buffers to the canonical form (true zeros, ``[N, G]`` scales)."""
+        raise NotImplementedError
+
+    def checkpoint_tensors(self) -> list[torch.Tensor | None]:
+        """The tensors runtime state is derived from (their identity keys the runtime cache)."""
+        return [b for _, b in self.named_buffers(recurse=False)]
+
+    # ---------------------------------------------------------------- lifecycle
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float weight ``[out_features, in_features]`` (a fresh tensor; nothing is kept)."""
+        return self.affine().dequantize(dtype).to(self.checkpoint_tensors()[0].device)
+
+    def prepare(self) -> None:
+        """Derive kernel-private runtime tensors from the checkpoint buffers (the reference's post_init)."""
+        self._runtime_key = self._current_key()
+
+    def _current_key(self) -> tuple[object, ...]:
+        return tuple(tensor_key(t) for t in self.checkpoint_tensors())
+
+    def ensure_prepared(self) -> None:
+        """Re-run ``prepare()`` if the checkpoint tensors changed, moved or changed dtype since the last one."""
+        if self._runtime_key != self._current_key():
+            self.prepare()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @classmethod
+    def create(cls, q: AffineWeight, format: str = "gptq_v2", backend: str | BACKEND = BACKEND.AUTO,
+               device: str | torch.device = "cpu", dtype: torch.dtype = torch.float16,
+               bias: torch.Tensor | None = None, pack_dtype: torch.dtype = torch.int32) -> QuantLinear:
+        """Pack ``q`` in ``format``, choose a kernel for ``device`` (AUTO or the named backend) and build it."""
+        from ..build import create_layer
+
+        return create_layer(q, format=format, backend=backend, device=device, dtype=dtype, bias=bias,
+                            pack_dtype=pack_dtype)
+
+
+class PlannedKernel(QuantLinear):
+    """A backend the reference has and qlinear declares, but has not built yet."""
+
+    implemented: ClassVar[bool] = False

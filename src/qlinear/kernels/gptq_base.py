@@ -1,0 +1,90 @@
+"""Checkpoint buffers shared by every kernel that loads GPTQ-family weights (gptq, gptq_v2, gptq_p).
+
+The buffers hold exactly what the checkpoint holds (v1 zero points stay v1 on the module), so a
+``state_dict`` is always the checkpoint layout; the v1 offset is undone per field when decoding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..affine import AffineWeight
+from ..enums import FORMAT
+from ..layouts import gptq, planar
+from ..spec import word_bits
+from .base import QuantLinear
+
+
+def gptq_buffer_shapes(scheme) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Names, shapes and dtypes of a GPTQ checkpoint's tensors for one layer."""
+    w = word_bits(scheme.pack_dtype)
+    b, k, n, g = scheme.bits, scheme.in_features, scheme.out_features, scheme.num_groups
+    return {
+        "qweight": ((-(-k * b // w), n), scheme.pack_dtype),
+        "qzeros": ((g, -(-n * b // w)), scheme.pack_dtype),
+        "scales": ((g, n), torch.float16),
+        "g_idx": ((k,), torch.int32),
+    }
+
+
+class GPTQQuantLinear(QuantLinear):
+    """Base for kernels whose checkpoint is a GPTQ layout; decoding helpers work on row tiles."""
+
+    def register_checkpoint_buffers(self, bias: bool) -> None:
+        for name, (shape, dtype) in gptq_buffer_shapes(self.scheme).items():
+            self.register_buffer(name, torch.zeros(shape, dtype=dtype))
+        self.g_idx.copy_(torch.arange(self.in_features, dtype=torch.int32) // self.scheme.group_size)
+        self.register_buffer("bias", torch.zeros(self.out_features, dtype=torch.float16) if bias else None)
+
+    def load_affine(self, q: AffineWeight, bias: torch.Tensor | None = None) -> None:
+        s = self.scheme
+        if (q.out_features, q.in_features) != (s.out_features, s.in_features):
+            raise ValueError(f"weight: expected shape [{s.out_features}, {s.in_features}] for this layer, "
+                             f"got [{q.out_features}, {q.in_features}]")
+        if q.bits != s.bits:
+            raise ValueError(f"weight: layer is {s.bits}-bit but the codes are {q.bits}-bit")
+        tensors = gptq.to_checkpoint(q, s.format, s.pack_dtype)
+        with torch.no_grad():
+            for name, value in tensors.items():
+                buf = getattr(self, name)
+                if tuple(buf.shape) != tuple(value.shape):
+                    raise ValueError(f"{name}: expected shape {tuple(buf.shape)}, got {tuple(value.shape)}")
+                buf.copy_(value)
+            if bias is not None:
+                if self.bias is None:
+                    raise ValueError("bias given but the layer was built without one (bias=False)")
+                if tuple(bias.shape) != (s.out_features,):
+                    raise ValueError(f"bias: expected shape [{s.out_features}], got {tuple(bias.shape)}")
+                self.bias.copy_(bias.detach().to(torch.float16))
+        self._runtime_key = None
+
+    def affine(self) -> AffineWeight:
+        tensors = {n: getattr(self, n) for n in ("qweight", "qzeros", "scales", "g_idx")}
+        return gptq.from_checkpoint({n: t.cpu() for n, t in tensors.items()}, self.scheme)
+
+    def checkpoint_tensors(self) -> list[torch.Tensor | None]:
+        return [self.qweight, self.qzeros, self.scales, self.g_idx, self.bias]
+
+    # ------------------------------------------------------------------ decoding for forward
+    @property
+    def code_block(self) -> int:
+        """Input channels per self-contained block of packed words (tiles start on these)."""
+        return 32 if self.scheme.format is FORMAT.GPTQ_P else 64
+
+    def true_zeros(self) -> torch.Tensor:
+        """Zero points ``[G, N]`` as float32, v1 offset undone per field."""
+        v1 = self.scheme.format is FORMAT.GPTQ
+        if self.scheme.format is FORMAT.GPTQ_P:
+            z = planar.planar_unpack_cols(self.qzeros, self.scheme.bits, self.out_features)
+        else:
+            z = gptq.unpack_qzeros(self.qzeros, self.scheme.bits, self.out_features, v1=v1)
+        return z.to(torch.float32)
+
+    def codes_rows(self, k0: int, k1: int) -> torch.Tensor:
+        """Codes ``[k1 - k0, N]`` (uint8) of input channels ``k0:k1``; ``k0`` a multiple of ``code_block``."""
+        b = self.scheme.bits
+        w = word_bits(self.scheme.pack_dtype)
+        r0, r1 = k0 * b // w, -(-k1 * b // w)
+        if self.scheme.format is FORMAT.GPTQ_P:
+            return planar.planar_unpack_rows(self.qweight[r0:r1], b, k1 - k0)
+        return gptq.unpack_qweight(self.qweight[r0:r1], b, k1 - k0)

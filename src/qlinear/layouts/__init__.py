@@ -1,0 +1,1 @@
+"""Packed weight layouts: pure functions between checkpoint tensors and the canonical AffineWeight."""

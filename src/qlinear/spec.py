@@ -1,0 +1,237 @@
+"""What the numbers mean: a model's quantization config and one layer's resolved scheme.
+
+``QuantizeConfig`` is what a checkpoint says for the whole model (``group_size=-1`` kept as written,
+since that is what is saved). ``Scheme`` is one layer: the config plus the layer's shape, with the
+group size resolved to a length once, at construction, so no code downstream tests for ``-1``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from .enums import FORMAT, METHOD
+
+PACK_DTYPES: Mapping[str, torch.dtype] = {
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
+
+GPTQ_FORMATS = frozenset({FORMAT.GPTQ, FORMAT.GPTQ_V2, FORMAT.GPTQ_P, FORMAT.MARLIN, FORMAT.BITBLAS})
+AWQ_FORMATS = frozenset({FORMAT.GEMM, FORMAT.GEMV, FORMAT.GEMV_FAST, FORMAT.LLM_AWQ, FORMAT.MARLIN, FORMAT.BITBLAS})
+METHOD_FORMATS: Mapping[METHOD, frozenset[FORMAT]] = {
+    METHOD.GPTQ: GPTQ_FORMATS,
+    METHOD.AWQ: AWQ_FORMATS,
+    METHOD.QQQ: frozenset({FORMAT.QQQ}),
+    METHOD.GGUF: frozenset({FORMAT.GGUF}),
+    METHOD.FP8: frozenset({FORMAT.FP8}),
+    METHOD.BITSANDBYTES: frozenset({FORMAT.BITSANDBYTES}),
+    METHOD.VPTQ: frozenset({FORMAT.VPTQ}),
+    METHOD.PAROQUANT: frozenset({FORMAT.PAROQUANT}),
+    METHOD.EXL3: frozenset({FORMAT.EXL3}),
+}
+DEFAULT_FORMAT: Mapping[METHOD, FORMAT] = {
+    METHOD.GPTQ: FORMAT.GPTQ,
+    METHOD.AWQ: FORMAT.GEMM,
+}
+
+
+class ConfigError(ValueError):
+    """A quantization config that no checkpoint can have (names the field, the value, the rule)."""
+
+
+def pack_dtype_of(value: str | torch.dtype) -> torch.dtype:
+    """Parse a pack word dtype given as ``"int32"``, ``"torch.int32"`` or ``torch.int32``."""
+    if isinstance(value, torch.dtype):
+        if value in PACK_DTYPES.values():
+            return value
+    elif isinstance(value, str):
+        name = value.strip().lower().removeprefix("torch.")
+        if name in PACK_DTYPES:
+            return PACK_DTYPES[name]
+    raise ConfigError(f"pack_dtype must be one of {', '.join(PACK_DTYPES)}; got {value!r}")
+
+
+def word_bits(pack_dtype: torch.dtype) -> int:
+    """Bits in one storage word of ``pack_dtype``."""
+    return torch.iinfo(pack_dtype).bits
+
+
+def _check_integer_affine(bits: int, group_size: int, fmt: FORMAT, method: METHOD,
+                          desc_act: bool, pack_dtype: torch.dtype) -> None:
+    if not isinstance(bits, int) or not 1 <= bits <= 8:
+        raise ConfigError(f"bits must be an integer in 1..8; got {bits!r}")
+    if not isinstance(group_size, int) or not (group_size == -1 or group_size > 0):
+        raise ConfigError(f"group_size must be -1 (one group per row) or a positive length; got {group_size!r}")
+    if fmt not in METHOD_FORMATS.get(method, frozenset()):
+        allowed = ", ".join(sorted(f.value for f in METHOD_FORMATS.get(method, ())))
+        raise ConfigError(f"checkpoint_format {fmt.value!r} is not a {method.value} format; expected one of: {allowed}")
+    if method is METHOD.GPTQ:
+        if fmt in (FORMAT.GPTQ, FORMAT.GPTQ_V2) and bits not in (2, 3, 4, 8):
+            raise ConfigError(f"continuous GPTQ packing holds 2, 3, 4 or 8 bits; got bits={bits} "
+                              "(5, 6 and 7 bits exist only as checkpoint_format='gptq_p')")
+        if fmt is FORMAT.GPTQ_P and not 2 <= bits <= 8:
+            raise ConfigError(f"planar GPTQ (gptq_p) holds 2..8 bits; got bits={bits}")
+        if (fmt is FORMAT.GPTQ_P or bits == 3) and pack_dtype != torch.int32:
+            what = "planar gptq_p" if fmt is FORMAT.GPTQ_P else "3-bit GPTQ"
+            raise ConfigError(f"{what} is packed in int32 words only; got pack_dtype={pack_dtype}")
+    if method is METHOD.AWQ and desc_act:
+        raise ConfigError("AWQ never reorders input channels: desc_act must be False")
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """A model's quantization config as a checkpoint states it."""
+
+    bits: int = 4
+    group_size: int = 128
+    sym: bool = True
+    desc_act: bool = False
+    method: METHOD = METHOD.GPTQ
+    checkpoint_format: FORMAT | None = None
+    pack_dtype: torch.dtype = torch.int32
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        method = METHOD(self.method)
+        fmt = FORMAT(self.checkpoint_format) if self.checkpoint_format is not None else DEFAULT_FORMAT.get(method)
+        if fmt is None:
+            raise ConfigError(f"method {method.value!r} has no default checkpoint_format; name one")
+        object.__setattr__(self, "method", method)
+        object.__setattr__(self, "checkpoint_format", fmt)
+        object.__setattr__(self, "pack_dtype", pack_dtype_of(self.pack_dtype))
+        if method in (METHOD.GPTQ, METHOD.AWQ):
+            _check_integer_affine(self.bits, self.group_size, fmt, method, self.desc_act, self.pack_dtype)
+
+    def scheme(self, in_features: int, out_features: int) -> Scheme:
+        """This config resolved for one layer of shape ``[out_features, in_features]``."""
+        return Scheme(bits=self.bits, group_size=self.group_size, in_features=in_features,
+                      out_features=out_features, sym=self.sym, desc_act=self.desc_act, method=self.method,
+                      format=self.checkpoint_format, pack_dtype=self.pack_dtype)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The ``quantization_config`` dict GPTQModel writes (readable by AutoGPTQ and transformers)."""
+        out: dict[str, Any] = dict(self.extra)
+        out.update(bits=self.bits, group_size=self.group_size, desc_act=self.desc_act, sym=self.sym,
+                   quant_method=self.method.value, checkpoint_format=self.checkpoint_format.value,
+                   pack_dtype=str(self.pack_dtype).removeprefix("torch."))
+        if self.method is METHOD.AWQ:
+            out["zero_point"] = not self.sym
+            out["version"] = self.checkpoint_format.value
+        return out
+
+    @classmethod
+    def from_hf_config(cls, source: str | Path | Mapping[str, Any]) -> QuantizeConfig:
+        """Read ``quantize_config.json``, a ``config.json`` with ``quantization_config``, or their dict.
+
+        Accepts the spellings GPTQModel, AutoGPTQ, AutoAWQ and transformers write: ``bits``/``w_bit``,
+        ``group_size``/``q_group_size``, ``checkpoint_format``/``format``/``version``, AWQ's
+        ``zero_point`` (the opposite of ``sym``).
+        """
+        data = _load_mapping(source)
+        if "quantization_config" in data:
+            data = data["quantization_config"]
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"quantization_config must be a JSON object; got {type(data).__name__}")
+        method = METHOD(data.get("quant_method", "awq" if "w_bit" in data or "zero_point" in data else "gptq"))
+        bits = data.get("bits", data.get("w_bit"))
+        if bits is None:
+            raise ConfigError("quantization config has no 'bits' (or 'w_bit') entry")
+        group_size = data.get("group_size", data.get("q_group_size", -1))
+        fmt = data.get("checkpoint_format") or data.get("format") or data.get("version")
+        if method is METHOD.AWQ:
+            sym = not bool(data.get("zero_point", True)) if "sym" not in data else bool(data["sym"])
+        else:
+            sym = bool(data.get("sym", True))
+        known = {"bits", "w_bit", "group_size", "q_group_size", "checkpoint_format", "format", "version",
+                 "sym", "zero_point", "desc_act", "quant_method", "pack_dtype"}
+        return cls(bits=int(bits), group_size=int(group_size), sym=sym, desc_act=bool(data.get("desc_act", False)),
+                   method=method, checkpoint_format=FORMAT(fmt) if fmt else None,
+                   pack_dtype=data.get("pack_dtype", "int32"),
+                   extra={k: v for k, v in data.items() if k not in known})
+
+
+def _load_mapping(source: str | Path | Mapping[str, Any]) -> Mapping[str, Any]:
+    if isinstance(source, Mapping):
+        return source
+    path = Path(source)
+    if path.is_dir():
+        for name in ("quantize_config.json", "quant_config.json", "config.json"):
+            if (path / name).is_file():
+                path = path / name
+                break
+        else:
+            raise ConfigError(f"{source}: no quantize_config.json, quant_config.json or config.json in this directory")
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One layer's quantization: a config resolved against the layer's shape.
+
+    ``group_size`` is a length here: ``-1`` (and any size past K) becomes ``in_features`` once, and
+    ``channelwise`` remembers that there is a single group per output row.
+    """
+
+    bits: int
+    group_size: int
+    in_features: int
+    out_features: int
+    sym: bool = True
+    desc_act: bool = False
+    method: METHOD = METHOD.GPTQ
+    format: FORMAT = FORMAT.GPTQ_V2
+    pack_dtype: torch.dtype = torch.int32
+
+    def __post_init__(self) -> None:
+        for name in ("in_features", "out_features"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer; got {value!r}")
+        object.__setattr__(self, "method", METHOD(self.method))
+        object.__setattr__(self, "format", FORMAT(self.format))
+        object.__setattr__(self, "pack_dtype", pack_dtype_of(self.pack_dtype))
+        if self.method in (METHOD.GPTQ, METHOD.AWQ):
+            _check_integer_affine(self.bits, self.group_size, self.format, self.method, self.desc_act,
+                                  self.pack_dtype)
+        if self.group_size == -1 or self.group_size > self.in_features:
+            object.__setattr__(self, "group_size", self.in_features)
+
+    @property
+    def channelwise(self) -> bool:
+        """One group spans the whole input dimension."""
+        return self.group_size >= self.in_features
+
+    @property
+    def num_groups(self) -> int:
+        return -(-self.in_features // self.group_size)
+
+    @property
+    def maxq(self) -> int:
+        return (1 << self.bits) - 1
+
+    def with_format(self, fmt: FORMAT | str) -> Scheme:
+        return replace(self, format=FORMAT(fmt))
+
+
+def method_of(fmt: FORMAT | str) -> METHOD:
+    """The method a checkpoint format belongs to (Marlin and BitBLAS are GPTQ unless a config says AWQ)."""
+    fmt = FORMAT(fmt)
+    for method in (METHOD.GPTQ, METHOD.AWQ, *METHOD):
+        if fmt in METHOD_FORMATS.get(method, frozenset()):
+            return method
+    raise ConfigError(f"format {fmt.value!r} belongs to no known method")
