@@ -6,9 +6,9 @@ every mismatch into a sentence; kernels add runtime facts (modules, ops, exact d
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Iterable, Mapping
 
 import torch
 
@@ -134,11 +134,11 @@ class Caps:
         for dev in target.devices:
             if dev.kind not in self.devices:
                 out.append(f"device {dev} not supported (declares {_fmt_set(d.value for d in self.devices)})")
-            elif self.gpu_archs is not None and dev.kind is DEVICE.CUDA:
-                if dev.capability not in self.gpu_archs:
-                    got = sm(dev.capability) if dev.capability else "unknown capability"
-                    out.append(f"{dev}: {got} not among declared GPU architectures "
-                               f"({', '.join(sm(a) for a in sorted(self.gpu_archs))})")
+            elif (self.gpu_archs is not None and dev.kind is DEVICE.CUDA
+                  and dev.capability not in self.gpu_archs):
+                got = sm(dev.capability) if dev.capability else "unknown capability"
+                out.append(f"{dev}: {got} not among declared GPU architectures "
+                           f"({', '.join(sm(a) for a in sorted(self.gpu_archs))})")
         for module, pip_name in self.requires_modules.items():
             if not target.has_module(module):
                 out.append(f"needs Python module {module!r}: pip install {pip_name}")

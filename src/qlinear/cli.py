@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from .caps import KNOWN_ARCHS, Problem, caps_table_row
 from .enums import BACKEND, FORMAT

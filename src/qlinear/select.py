@@ -67,11 +67,15 @@ class Choice:
         wc = max([len(r[3]) for r in rows] + [5])
         lines.append(f"    {'prio':>4}  {'backend':<{wb}}  {'class':<{wc}}  verdict")
         indent = 4 + 4 + 2 + wb + 2 + wc + 2
+        room = max(30, width - indent)
         for mark, prio, backend, name, v in rows:
-            verdict = "ok" if v.ok else "no: " + "; ".join(v.reasons)
-            wrapped = textwrap.wrap(verdict, max(30, width - indent)) or [""]
-            lines.append(f"  {mark} {prio:>4}  {backend:<{wb}}  {name:<{wc}}  {wrapped[0]}")
-            lines += [" " * indent + w for w in wrapped[1:]]
+            verdict: list[str] = []
+            for i, reason in enumerate(v.reasons or ("ok",)):
+                text = ("no: " if i == 0 and not v.ok else "    " if not v.ok else "") + reason
+                verdict += textwrap.wrap(text, room, break_long_words=False, break_on_hyphens=False,
+                                         subsequent_indent="      " if not v.ok else "")
+            lines.append(f"  {mark} {prio:>4}  {backend:<{wb}}  {name:<{wc}}  {verdict[0]}")
+            lines += [" " * indent + w for w in verdict[1:]]
         if self.others:
             lines.append(f"  ({self.others} other kernels do not declare format {self.problem.scheme.format.value})")
         return "\n".join(lines)

@@ -8,9 +8,10 @@ group size resolved to a length once, at construction, so no code downstream tes
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import torch
 

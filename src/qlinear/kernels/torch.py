@@ -73,11 +73,13 @@ class TorchLinear(GPTQQuantLinear):
             g = g_idx[k0:k1]
             w = (self.codes_rows(k0, k1).to(torch.float32) - zeros[g]).mul_(scales[g]).to(x.dtype)
             part = x2[:, k0:k1] @ w
-            if k1 == k and k0 == 0:
-                out = part
-            else:
-                out = part.float() if out is None else out.add_(part)
             del w
+            if k0 == 0 and k1 == k:  # one tile: the product is already the answer
+                out = part
+            elif out is None:  # several tiles: accumulate in float32
+                out = part.float()
+            else:
+                out.add_(part)
         y = out.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)

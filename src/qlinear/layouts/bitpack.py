@@ -5,8 +5,10 @@ lives in word ``t // W`` at bit ``t % W`` (``W`` = word bits). When ``b`` divide
 ``j`` of word ``r`` holds code ``r*pf + j``"; for 3 bits in int32 it is GPTQ's 10-1-10-1-10 layout.
 
 Words are signed torch integers holding the unsigned bits (``0x87654321`` is a negative int32). The
-bit math runs in int64 on blocks of ``lcm(b, W) / b`` codes (``lcm(b, W) / W`` words), looping only
-over the positions inside one block, so a 4096 x 14336 matrix packs in well under a second.
+bit math works on blocks of ``lcm(b, W) / b`` codes (``lcm(b, W) / W`` words), looping only over the
+positions inside one block. It runs in the word dtype itself for int32/int64 words (torch's left
+shift wraps like an unsigned shift; right shifts are arithmetic, so every read masks afterwards) and
+in int32 for int8/int16 words, which are masked and reinterpreted at the end.
 """
 
 from __future__ import annotations
@@ -56,10 +58,15 @@ def _as_3d(t: torch.Tensor, dim: int, name: str) -> tuple[torch.Tensor, int]:
     return t.reshape(pre, t.shape[dim], post), dim
 
 
+def _acc_dtype(word_bits: int) -> torch.dtype:
+    """Dtype for the bit math: the word itself for 32/64-bit words (left shifts wrap), else int32."""
+    return torch.int64 if word_bits == 64 else torch.int32
+
+
 def _to_words(values: torch.Tensor, word_bits: int, dtype: torch.dtype) -> torch.Tensor:
-    """Reinterpret int64 values holding unsigned ``word_bits``-bit patterns as signed words."""
-    if word_bits == 64:
-        return values
+    """Reinterpret accumulator values holding ``word_bits``-bit patterns as signed ``dtype`` words."""
+    if word_bits >= 32:
+        return values  # already the word dtype, every bit in place
     values = values & ((1 << word_bits) - 1)
     half = 1 << (word_bits - 1)
     return torch.where(values >= half, values - (1 << word_bits), values).to(dtype)
@@ -92,10 +99,11 @@ def pack_bits(codes: torch.Tensor, bits: int, pack_dtype: torch.dtype, dim: int 
         padded[:, :length] = x
         x = padded
     x = x.reshape(pre, n_blocks, per_block, post)
-    out = torch.zeros(pre, n_blocks, words_per_block, post, dtype=torch.int64, device=codes.device)
+    acc = _acc_dtype(word_bits)
+    out = torch.zeros(pre, n_blocks, words_per_block, post, dtype=acc, device=codes.device)
     for p, (word, shift) in enumerate(places):
-        v = x[:, :, p].to(torch.int64)
-        out[:, :, word] |= v << shift  # bits past the word are masked (or shifted out for int64) below
+        v = x[:, :, p].to(acc)
+        out[:, :, word] |= v << shift  # left shifts wrap, so bits past a 32/64-bit word fall off
         if shift + bits > word_bits:  # the code spills into the next word
             out[:, :, word + 1] |= v >> (word_bits - shift)
     out = _to_words(out, word_bits, pack_dtype).reshape(pre, n_blocks * words_per_block, post)
@@ -121,15 +129,18 @@ def unpack_bits(words: torch.Tensor, bits: int, count: int, dim: int = 0, *, nam
                          f"found {have} (shape {tuple(words.shape)})")
     per_block, words_per_block, places = _block(bits, word_bits)
     n_blocks = -(-count // per_block)
-    take = min(have, n_blocks * words_per_block)
-    w = torch.zeros(pre, n_blocks * words_per_block, post, dtype=torch.int64, device=words.device)
-    w[:, :take] = x[:, :take]  # sign-extended; every read below masks, so the sign bits never leak
-    w = w.reshape(pre, n_blocks, words_per_block, post)
+    acc = _acc_dtype(word_bits)
+    x = x[:, :n_blocks * words_per_block].to(acc)  # sign-extended; every read below masks
+    if x.shape[1] < n_blocks * words_per_block:
+        padded = torch.zeros(pre, n_blocks * words_per_block, post, dtype=acc, device=words.device)
+        padded[:, :x.shape[1]] = x
+        x = padded
+    w = x.reshape(pre, n_blocks, words_per_block, post)
     mask = (1 << bits) - 1
     out = torch.empty(pre, n_blocks, per_block, post, dtype=torch.uint8, device=words.device)
     for p, (word, shift) in enumerate(places):
         low_bits = min(bits, word_bits - shift)
-        v = (w[:, :, word] >> shift) & ((1 << low_bits) - 1)
+        v = (w[:, :, word] >> shift) & ((1 << low_bits) - 1)  # arithmetic shift: mask off the sign copies
         if low_bits < bits:  # the high bits come from the start of the next word
             v |= (w[:, :, word + 1] & ((1 << (bits - low_bits)) - 1)) << low_bits
         out[:, :, p] = (v & mask).to(torch.uint8)

@@ -9,9 +9,10 @@ the offset **per field**: writing v1 stores ``(z - 1) mod 2^b`` in each field an
 ``2^b`` in each field, with no carry or borrow between fields. The reference (GPTQModel) converts
 2/4/8-bit words by adding or subtracting a whole-word constant (``0x11111111`` for 4-bit int32,
 ``0x55555555`` 2-bit, ``0x01010101`` 8-bit) so borrows cross fields: v2 fields 0,1,..,7
-(``0x76543210``) become ``0x654320FF`` there, which a per-field reader (AutoGPTQ, ours) decodes as
-zeros 0,1,3,4,5,6,7,8 rather than 0,1,2,..,7. The two agree on every word without a zero point of
-0 (no field of ``z - 1`` wraps), so:
+(``0x76543210``) become ``0x654320FF`` there (fields F,F,0,2,..,6: the borrow out of field 0
+cascades), which a per-field reader (AutoGPTQ, ours) decodes as 0,0,1,3,4,5,6,7 rather than 0..7.
+The two agree on every field of every word that holds no zero point of 0 (no field of ``z - 1``
+wraps; only the unused padding bits past N in a last, partial word can differ), so:
 
 * ``z = 0`` has no v1 encoding that every reader decodes the same, and writing it to v1 raises
   (use ``checkpoint_format='gptq_v2'``).
@@ -22,7 +23,7 @@ zeros 0,1,3,4,5,6,7,8 rather than 0,1,2,..,7. The two agree on every word withou
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -135,7 +136,7 @@ def _format(fmt: FORMAT | str) -> FORMAT:
 
 
 def _fp16_scales(scales_ng: torch.Tensor) -> torch.Tensor:
-    out = scales_ng.detach().t().contiguous().to(torch.float16)
+    out = scales_ng.detach().t().to(torch.float16).clone(memory_format=torch.contiguous_format)
     if out.numel() and not bool(torch.isfinite(out).all()):
         g, n = (~torch.isfinite(out)).nonzero()[0].tolist()
         raise ValueError(f"scales: {scales_ng[n, g].item()} at (out column {n}, group {g}) is not finite as "
@@ -160,7 +161,7 @@ def to_checkpoint(q: AffineWeight, fmt: FORMAT | str, pack_dtype: torch.dtype = 
         qweight = pack_qweight(codes_kn, q.bits, pack_dtype)
         qzeros = pack_qzeros(zeros_gn, q.bits, pack_dtype, v1=fmt is FORMAT.GPTQ)
     return {"qweight": qweight, "qzeros": qzeros, "scales": _fp16_scales(q.scales),
-            "g_idx": q.g_idx.detach().to(torch.int32).contiguous()}
+            "g_idx": q.g_idx.detach().to(torch.int32).clone(memory_format=torch.contiguous_format)}
 
 
 def checkpoint_shapes(scheme: Scheme) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -201,6 +202,7 @@ def from_checkpoint(tensors: Mapping[str, torch.Tensor], scheme: Scheme) -> Affi
     else:
         codes_kn = unpack_qweight(tensors["qweight"], b, k)
         zeros_gn = unpack_qzeros(tensors["qzeros"], b, n, v1=fmt is FORMAT.GPTQ)
-    return AffineWeight(codes=codes_kn.t().contiguous(), scales=tensors["scales"].t().contiguous(),
-                        zeros=zeros_gn.t().contiguous(), g_idx=g_idx.contiguous(), bits=b,
+    scales = tensors["scales"].t().clone(memory_format=torch.contiguous_format)  # never alias the caller's
+    return AffineWeight(codes=codes_kn.t().contiguous(), scales=scales,
+                        zeros=zeros_gn.t().contiguous(), g_idx=g_idx.clone(), bits=b,
                         group_size=scheme.group_size, sym=scheme.sym)
