@@ -13,6 +13,7 @@ $(STAMP): $(REQS)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[test,demo]'
+	$(BIN)/python -m pip install -q --no-deps -r requirements/nodeps-demo.txt
 	if [ -f requirements/crosscheck.txt ]; then $(BIN)/python -m pip install -q --no-deps -r requirements/crosscheck.txt; fi
 	touch $(STAMP)
 
@@ -30,7 +31,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
 docs: $(STAMP)
-	$(BIN)/python -m qlinear.cli backends --markdown > docs/backends.md
+	{ printf '# Backends\n\n'; cat docs/backends.intro; echo; $(BIN)/python -m qlinear.cli backends --markdown; } > docs/backends.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

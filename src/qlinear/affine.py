@@ -97,14 +97,45 @@ def check_affine(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                          f"[out={bad[0]}, group={bad[1]}]")
 
 
+def _grid(lo: torch.Tensor, hi: torch.Tensor, maxq: int, sym: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTQ's scale and zero for a range ``[lo, hi]`` that holds 0 (per row)."""
+    if sym:
+        amax = torch.maximum(lo.abs(), hi)
+        lo, hi = -amax, amax
+    empty = (lo == 0) & (hi == 0)
+    lo, hi = torch.where(empty, -1.0, lo), torch.where(empty, 1.0, hi)
+    s = (hi - lo) / maxq
+    z = torch.full_like(s, float((maxq + 1) // 2)) if sym else torch.round(-lo / s)
+    return s, z
+
+
+def _clip_search(block: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, maxq: int, sym: bool,
+                 shrinks: torch.Tensor, norm: float = 2.4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the range shrink factor minimising ``sum |w - deq(w)| ** norm`` (GPTQ's ``mse`` grid)."""
+    best_err = torch.full_like(lo, float("inf"))
+    best_lo, best_hi = lo.clone(), hi.clone()
+    for p in shrinks.tolist():
+        s, z = _grid(lo * p, hi * p, maxq, sym)
+        q = torch.clamp(torch.round(block / s[:, None]) + z[:, None], 0, maxq)
+        err = ((q - z[:, None]) * s[:, None] - block).abs_().pow_(norm).sum(1)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_lo, best_hi = torch.where(better, lo * p, best_lo), torch.where(better, hi * p, best_hi)
+    return best_lo, best_hi
+
+
 def quantize_rtn(weight: torch.Tensor, bits: int = 4, group_size: int = 128, sym: bool = True,
-                 desc_act: bool = False, perm: torch.Tensor | None = None) -> AffineWeight:
+                 desc_act: bool = False, perm: torch.Tensor | None = None,
+                 clip_search: bool = False) -> AffineWeight:
     """Round-to-nearest quantization with GPTQ's grid (scale and zero per group of ``group_size`` inputs).
 
     Asymmetric: ``s = (max - min) / maxq`` over a range that always holds 0, ``z = round(-min / s)``.
     Symmetric: ``s = 2 * absmax / maxq``, ``z = 2 ** (bits - 1)``. ``desc_act`` forms groups in the
     order ``perm`` (default: input channels by descending column norm, a data-free stand-in for
-    GPTQ's Hessian order) and records them in ``g_idx``.
+    GPTQ's Hessian order) and records them in ``g_idx``. ``clip_search`` shrinks each row's range
+    by the factor in 1.0 .. 0.2 (steps of 0.01) that minimises the group's ``|error| ** 2.4``, as
+    GPTQ's quantizer does with ``mse=True``: it costs 80 trial roundings per group and lowers the
+    error of 4-bit weights noticeably.
     """
     if weight.dim() != 2:
         raise ValueError(f"weight: expected a 2-D [out_features, in_features] tensor, got shape {tuple(weight.shape)}")
@@ -135,18 +166,15 @@ def quantize_rtn(weight: torch.Tensor, bits: int = 4, group_size: int = 128, sym
     scales = torch.empty(n, g_count)
     zeros = torch.empty(n, g_count, dtype=torch.int32)
     codes = torch.empty(n, k, dtype=torch.uint8)
+    shrinks = 1.0 - torch.arange(80, dtype=torch.float64) / 100
     for g in range(g_count):
         cols = perm[g * group_size:(g + 1) * group_size]
         block = w[:, cols]
         lo = block.min(1).values.clamp(max=0)
         hi = block.max(1).values.clamp(min=0)
-        if sym:
-            amax = torch.maximum(lo.abs(), hi)
-            lo, hi = -amax, amax
-        empty = (lo == 0) & (hi == 0)
-        lo, hi = torch.where(empty, -1.0, lo), torch.where(empty, 1.0, hi)
-        s = (hi - lo) / maxq
-        z = torch.full_like(s, float((maxq + 1) // 2)) if sym else torch.round(-lo / s)
+        if clip_search:
+            lo, hi = _clip_search(block, lo, hi, maxq, sym, shrinks)
+        s, z = _grid(lo, hi, maxq, sym)
         q = torch.clamp(torch.round(block / s[:, None]) + z[:, None], 0, maxq)
         scales[:, g], zeros[:, g] = s, z.to(torch.int32)
         codes[:, cols] = q.to(torch.uint8)

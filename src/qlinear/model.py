@@ -32,7 +32,7 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
 
 def quantize_linears(model: nn.Module, *, bits: int, group_size: int, sym: bool = True, format: str = "gptq_v2",
                      backend: str | BACKEND = "auto", device: str | torch.device = "cpu",
-                     dtype: torch.dtype = torch.float32, desc_act: bool = False,
+                     dtype: torch.dtype = torch.float32, desc_act: bool = False, clip_search: bool = False,
                      progress: Progress | None = None) -> dict[str, QuantLinear]:
     """Replace every ``nn.Linear`` in ``model`` (in place) by ``QuantLinear.create(quantize_rtn(weight))``.
 
@@ -47,7 +47,8 @@ def quantize_linears(model: nn.Module, *, bits: int, group_size: int, sym: bool 
     for i, name in enumerate(names):
         lin = model.get_submodule(name)
         assert isinstance(lin, nn.Linear)
-        q = quantize_rtn(lin.weight.detach(), bits=bits, group_size=group_size, sym=sym, desc_act=desc_act)
+        q = quantize_rtn(lin.weight.detach(), bits=bits, group_size=group_size, sym=sym, desc_act=desc_act,
+                         clip_search=clip_search)
         bias = None if lin.bias is None else lin.bias.detach()
         layer = QuantLinear.create(q, format=format, backend=backend, device=device, dtype=dtype, bias=bias)
         _set_submodule(model, name, layer)

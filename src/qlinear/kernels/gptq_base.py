@@ -15,23 +15,11 @@ from ..spec import word_bits
 from .base import QuantLinear
 
 
-def gptq_buffer_shapes(scheme) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Names, shapes and dtypes of a GPTQ checkpoint's tensors for one layer."""
-    w = word_bits(scheme.pack_dtype)
-    b, k, n, g = scheme.bits, scheme.in_features, scheme.out_features, scheme.num_groups
-    return {
-        "qweight": ((-(-k * b // w), n), scheme.pack_dtype),
-        "qzeros": ((g, -(-n * b // w)), scheme.pack_dtype),
-        "scales": ((g, n), torch.float16),
-        "g_idx": ((k,), torch.int32),
-    }
-
-
 class GPTQQuantLinear(QuantLinear):
     """Base for kernels whose checkpoint is a GPTQ layout; decoding helpers work on row tiles."""
 
     def register_checkpoint_buffers(self, bias: bool) -> None:
-        for name, (shape, dtype) in gptq_buffer_shapes(self.scheme).items():
+        for name, (shape, dtype) in gptq.checkpoint_shapes(self.scheme).items():
             self.register_buffer(name, torch.zeros(shape, dtype=dtype))
         self.g_idx.copy_(torch.arange(self.in_features, dtype=torch.int32) // self.scheme.group_size)
         self.register_buffer("bias", torch.zeros(self.out_features, dtype=torch.float16) if bias else None)
