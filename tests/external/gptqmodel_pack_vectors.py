@@ -55,7 +55,7 @@ def case_list() -> list[dict]:
     for bits in (2, 4, 8):
         add(bits, 100, 40, 32, desc=True, bias=True)
         add(bits, 72, 24, 128, variant="noisy")
-        add(bits, 200, 48, 64 if bits != 8 else 128, desc=True, sym=True)
+        add(bits, 200, 48, 64, desc=True, sym=True)
     add(3, 96, 32, 128, bias=True)
     add(3, 160, 96, 32, desc=True, variant="noisy")
     # Rounding: power-of-two scales with exact .5 ties (round half to even) and out-of-range values (clamp).

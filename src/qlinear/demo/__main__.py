@@ -129,7 +129,8 @@ def packed_bytes(layers: dict[str, torch.nn.Module]) -> int:
 
 
 def run_config(bits: int, group_size: int, device: torch.device, dtype: torch.dtype, batch: dict[str, torch.Tensor],
-               ref: torch.Tensor, ref_ms: float, repeats: int, explain: bool, clip_search: bool = True, sym: bool = True) -> None:
+               ref: torch.Tensor, ref_ms: float, repeats: int, explain: bool, clip_search: bool = True,
+               sym: bool = True) -> None:
     from ..model import move_unquantized, quantize_linears
     from .minilm import load_minilm
 
