@@ -81,17 +81,13 @@ def parse_devices(cell: str) -> frozenset[DEVICE]:
 
 
 def kernel_named(name: str) -> type[QuantLinear]:
-    """The qlinear class of that name: planned ones from PLANNED, the lead's two from ``qlinear.kernels.torch``."""
-    by_name = {k.__name__: k for k in PLANNED}
-    if name in by_name:
-        return by_name[name]
-    if name in LEAD_OWNED:
-        try:
-            module = importlib.import_module("qlinear.kernels.torch")
-        except ImportError as err:
-            pytest.skip(f"{name}: qlinear.kernels.torch not importable yet ({err})")
-        return getattr(module, name)
-    pytest.fail(f"reference class {name} has no qlinear class")
+    """The class qlinear uses under that name: the implemented one where it exists, else the declared-only one."""
+    from qlinear.kernels.registry import all_kernels
+
+    by_name = {k.__name__: k for k in all_kernels()}
+    if name not in by_name:
+        pytest.fail(f"reference class {name} has no qlinear class")
+    return by_name[name]
 
 
 # ------------------------------------------------------------------ the tables themselves

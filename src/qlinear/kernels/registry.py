@@ -1,24 +1,33 @@
-"""Every kernel class qlinear knows, in the order of the reference's backend table.
+"""Every kernel class qlinear knows: the implemented ones, then the reference's declared-only ones.
 
 Built on first use (importing the family modules is pure class definition: no device, no compiler).
+An implemented family module exposes ``KERNELS``; adding a family is one line in ``FAMILIES``.
+An implemented class replaces the declared-only class of the same name.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 
 from .base import QuantLinear
+
+#: Modules under ``qlinear.kernels`` holding implemented kernels, in AUTO tie-break order.
+FAMILIES: tuple[str, ...] = (
+    "torch",
+)
 
 
 @functools.cache
 def all_kernels() -> tuple[type[QuantLinear], ...]:
     """Implemented kernels first, then those declared from the reference but not built yet."""
     from .planned import PLANNED
-    from .torch import TorchLinear, TorchQuantEmbeddings
 
-    built: tuple[type[QuantLinear], ...] = (TorchLinear, TorchQuantEmbeddings)
+    built: list[type[QuantLinear]] = []
+    for family in FAMILIES:
+        built += importlib.import_module(f"{__package__}.{family}").KERNELS
     names = {k.__name__ for k in built}
-    return built + tuple(k for k in PLANNED if k.__name__ not in names)
+    return tuple(built) + tuple(k for k in PLANNED if k.__name__ not in names)
 
 
 def kernel_by_name(name: str) -> type[QuantLinear]:

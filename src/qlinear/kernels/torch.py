@@ -117,3 +117,6 @@ class TorchQuantEmbeddings(GPTQQuantLinear):
         scales = self.scales.to(torch.float32)[:, flat][g]
         rows = ((codes.to(torch.float32) - zeros) * scales).t().to(self.dtype)
         return rows.reshape(*ids.shape, s.in_features)
+
+
+KERNELS = (TorchLinear, TorchQuantEmbeddings)
