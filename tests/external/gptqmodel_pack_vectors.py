@@ -13,8 +13,9 @@ inputs   ``weight [N, K]`` (the dtype handed to the packer), ``scales [N, G]`` (
 outputs  ``out.qweight``, ``out.qzeros`` (raw packer output = true zeros, i.e. v2 values), ``out.scales [G, N]``
          float16, ``out.g_idx``, ``out.bias``; format ``gptq`` also ``out.qzeros_v1`` (after GPTQModel's
          ``convert_gptq_v2_to_v1_format_module``, the export step of ``pack_module``); format ``gptq_p`` also
-         ``planar.rows`` = ``planar_pack_rows(codes)`` and ``planar.cols`` = ``planar_pack_cols(zeros.T)`` of the
-         generator ``codes [K, N]``.
+         ``planar.rows`` = ``planar_pack_rows(codes)`` and ``planar.cols`` = ``planar_pack_cols(zeros.T)``.
+``codes [K, N]`` int32 are the generator's codes q; the packer derives its own from ``weight``, which equal q only
+for variant ``exact`` (``noisy``/``ties``/``clamp`` perturb the weight to exercise rounding and clamping).
 Per-case parameters are in the safetensors metadata key ``cases`` (JSON list).
 """
 
@@ -46,7 +47,7 @@ def case_list() -> list[dict]:
         for gs in (-1, 32, 128):
             for desc in (False, True):
                 for sym in (False, True):
-                    add(bits, 256, 64, gs, desc=desc, sym=sym, variant="noisy" if desc else "exact")
+                    add(bits, 256, 32, gs, desc=desc, sym=sym, variant="noisy" if desc else "exact")
     # Narrow words (TorchLinear allows int8/int16; 3-bit packing fails with them, see docs/reference-notes.md).
     for bits in (2, 4, 8):
         for pack in ("int8", "int16"):
