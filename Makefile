@@ -4,7 +4,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-REQS := pyproject.toml $(wildcard requirements/*.txt)
+REQS := pyproject.toml requirements/nodeps-demo.txt
+# GPTQModel 7.7.0, the reference, in a virtualenv of its own (tests/external cross-check against it).
+REF := .venv-ref
+REF_STAMP := $(REF)/.installed-stamp
 
 .PHONY: test test-fast demo lint docs clean
 
@@ -14,10 +17,15 @@ $(STAMP): $(REQS)
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[test,demo]'
 	$(BIN)/python -m pip install -q --no-deps -r requirements/nodeps-demo.txt
-	if [ -f requirements/crosscheck.txt ]; then $(BIN)/python -m pip install -q --no-deps -r requirements/crosscheck.txt; fi
 	touch $(STAMP)
 
-test: $(STAMP)
+$(REF_STAMP): requirements/gptqmodel-crosscheck.txt
+	test -x $(REF)/bin/python || $(PY) -m venv $(REF)
+	$(REF)/bin/python -m pip install -q torch==2.13.0 numpy==2.4.6
+	$(REF)/bin/python -m pip install -q --no-deps -r requirements/gptqmodel-crosscheck.txt
+	touch $(REF_STAMP)
+
+test: $(STAMP) $(REF_STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
 
@@ -34,4 +42,4 @@ docs: $(STAMP)
 	{ printf '# Backends\n\n'; cat docs/backends.intro; echo; $(BIN)/python -m qlinear.cli backends --markdown; } > docs/backends.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(REF) .pytest_cache .ruff_cache .hypothesis

@@ -18,22 +18,26 @@ from torch import nn
 
 from .affine import AffineWeight
 from .caps import Problem
-from .enums import BACKEND, FORMAT
+from .enums import BACKEND, FORMAT, METHOD
 from .kernels.base import QuantLinear
 from .select import select
+from .spec import ConfigError, Scheme, default_pack_dtype, method_of
 from .target import Target
 
-PACK_IMPLS = (None, "original", "block", "gpu", "auto")
+#: pack_impl spellings the reference accepts, and what each means here.
+PACK_IMPLS = {None: "original", "original": "original", "pack_original": "original", "block": "block",
+              "cpu": "block", "gpu": "gpu", "auto": "auto", "default": "auto"}
 
 
 def _resolve_impl(pack_impl: str | None) -> str:
     if pack_impl not in PACK_IMPLS:
-        raise ValueError(f"pack_impl must be one of None, 'original', 'block', 'gpu', 'auto'; got {pack_impl!r}")
+        raise ValueError(f"pack_impl must be one of {', '.join(map(repr, PACK_IMPLS))}; got {pack_impl!r}")
+    pack_impl = PACK_IMPLS[pack_impl]
     if pack_impl == "gpu" and not torch.cuda.is_available():
         raise ValueError("pack_impl='gpu' needs a CUDA device and this torch sees none; use 'block' or 'auto'")
     if pack_impl == "auto":
         return "gpu" if torch.cuda.is_available() else "block"
-    return pack_impl or "original"
+    return pack_impl
 
 
 def quantized_codes(weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx: torch.Tensor,
@@ -83,6 +87,11 @@ def hf_pack_layer(module: QuantLinear, linear: nn.Module, scales: torch.Tensor, 
     ``[N, G]`` (quantizer orientation); ``zeros`` may be omitted for symmetric modules (they are
     ``2**(bits-1)``); ``g_idx`` defaults to ``k // group_size``. Returns ``module``.
     """
+    if not isinstance(module, QuantLinear):
+        raise TypeError(f"hf_pack_layer: expected a qlinear QuantLinear module, got {type(module).__name__}")
+    if not module.raw_packing:
+        raise ValueError(f"{type(module).__name__} cannot pack raw quantizer outputs; pack into a checkpoint "
+                         "format first (e.g. TorchLinear) and load or repack that")
     impl = _resolve_impl(pack_impl)
     if scales_extra is not None:
         raise ValueError("scales_extra is for QQQ layers; this layer's format has no extra scales")
@@ -124,11 +133,15 @@ def hf_pack_layer(module: QuantLinear, linear: nn.Module, scales: torch.Tensor, 
     return module
 
 
-def hf_post_init(module: QuantLinear, **kwargs: Any) -> QuantLinear:
-    """Derive the module's runtime state from its checkpoint buffers (the reference's post_init)."""
-    if kwargs:
-        raise TypeError(f"hf_post_init: unexpected options {sorted(kwargs)}")
-    module.prepare()
+def hf_post_init(module: nn.Module, **post_init_kwargs: Any) -> nn.Module:
+    """Derive runtime state from checkpoint buffers: for a qlinear layer, or every one inside a container."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"hf_post_init: expected a torch.nn.Module, got {type(module).__name__}")
+    if post_init_kwargs:
+        raise TypeError(f"hf_post_init: unexpected options {sorted(post_init_kwargs)} (prepare() takes none)")
+    layers = [m for m in module.modules() if isinstance(m, QuantLinear)]
+    for layer in layers:
+        layer.prepare()
     return module
 
 
@@ -139,12 +152,17 @@ def hf_repack_layer(module: QuantLinear, backend: str | BACKEND | None = None, *
 
     Refuses a source whose checkpoint tensors were released in favour of a private runtime layout.
     """
+    if not isinstance(module, QuantLinear):
+        raise TypeError(f"hf_repack_layer: expected a qlinear QuantLinear module, got {type(module).__name__}")
     if getattr(module, "checkpoint_released", False):
         raise ValueError(f"{type(module).__name__} holds only its private runtime layout (checkpoint tensors "
                          "were released after prepare); reload the layer from its checkpoint to repack it")
     dev = device if device is not None else module.checkpoint_tensors()[0].device
     dtype = dtype or module.dtype
     choice = select(Problem(module.scheme, dtype), Target.here(dev), backend or BACKEND.AUTO)
+    same_place = torch.device(Target.here(dev).devices[0].torch_device) == module.checkpoint_tensors()[0].device
+    if choice.kernel is type(module) and dtype == module.dtype and same_place:
+        return module
     bias = getattr(module, "bias", None)
     dest = choice.kernel(module.scheme, bias=bias is not None, dtype=dtype)
     dest.load_affine(module.affine(), bias.detach().cpu() if bias is not None else None)
@@ -155,27 +173,66 @@ def hf_repack_layer(module: QuantLinear, backend: str | BACKEND | None = None, *
     return dest
 
 
-def hf_check_packing_feasibility(module: QuantLinear | type[QuantLinear], *, bits: int | None = None,
-                                 group_size: int | None = None, sym: bool | None = None,
-                                 desc_act: bool | None = None) -> tuple[bool, str]:
-    """Can this kernel class pack raw quantizer outputs with these settings? ``(ok, reason)``."""
-    cls = module if isinstance(module, type) else type(module)
-    caps = cls.caps
-    problems = []
-    if not cls.implemented or cls.retired:
-        problems.append(cls.retired or "not implemented yet")
-    if bits is not None and bits not in caps.bits:
-        problems.append(f"{bits}-bit not supported (declares {sorted(caps.bits)})")
-    if group_size is not None and caps.group_sizes is not None and group_size not in caps.group_sizes:
-        problems.append(f"group size {group_size} not supported (declares {sorted(caps.group_sizes)})")
-    if sym is not None and caps.sym is not None and sym not in caps.sym:
-        problems.append("symmetric only" if not sym else "asymmetric only")
-    if desc_act is not None and caps.desc_act is not None and desc_act not in caps.desc_act:
-        problems.append("desc_act not supported")
-    return (not problems, "; ".join(problems) or "ok")
+def _packing_choice(bits: int, group_size: int, desc_act: bool, sym: bool, fmt: FORMAT, backend: BACKEND | str,
+                    device: torch.device | str | None, dtype: torch.dtype | None, pack_dtype: torch.dtype | None,
+                    in_features: int | None, out_features: int | None, repack: bool) -> list[type[QuantLinear]]:
+    """Kernels that could pack (or, with ``repack``, load) such a layer on ``device``, best first."""
+    from .select import explain
+
+    k, n = in_features or 4096, out_features or 4096
+    scheme = Scheme(bits=bits, group_size=group_size, in_features=k, out_features=n, sym=sym, desc_act=desc_act,
+                    method=method_of(fmt), format=fmt, pack_dtype=pack_dtype or default_pack_dtype(fmt))
+    dev = device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+    choice = explain(Problem(scheme, dtype or torch.float16), Target.here(dev), backend)
+    return [v.kernel for v in choice.verdicts if v.ok and (repack or v.kernel.raw_packing)]
 
 
-def hf_check_best_packing_format(module: QuantLinear | type[QuantLinear]) -> FORMAT:
-    """The checkpoint format this kernel class packs natively: its highest-priority declared format."""
-    cls = module if isinstance(module, type) else type(module)
-    return max(cls.caps.formats.items(), key=lambda kv: kv[1])[0]
+def hf_check_packing_feasibility(bits: int, group_size: int = -1, desc_act: bool = False, sym: bool = True, *,
+                                 format: FORMAT | str = FORMAT.GPTQ, backend: BACKEND | str = BACKEND.AUTO,
+                                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                                 pack_dtype: torch.dtype | None = None, in_features: int | None = None,
+                                 out_features: int | None = None, repack: bool = False) -> bool:
+    """Can some kernel (or ``backend``) pack a layer with these settings here? Never raises for an
+    infeasible combination (False); a malformed one (unknown format, bits 9) raises ``ValueError``.
+    Without a shape, 4096 x 4096 stands in (it meets every declared divisibility)."""
+    fmt = FORMAT(format)
+    try:
+        return bool(_packing_choice(bits, group_size, desc_act, sym, fmt, backend, device, dtype, pack_dtype,
+                                    in_features, out_features, repack))
+    except ConfigError:
+        return False
+
+
+#: Tie-break between formats whose best kernels have the same priority: true zeros first (v1 cannot
+#: hold a zero point of 0), then v1, then planar.
+FORMAT_PREFERENCE = (FORMAT.GPTQ_V2, FORMAT.GPTQ, FORMAT.GPTQ_P, FORMAT.GEMM, FORMAT.GEMV, FORMAT.GEMV_FAST,
+                     FORMAT.LLM_AWQ)
+
+
+def hf_check_best_packing_format(bits: int, group_size: int = -1, desc_act: bool = False, sym: bool = True, *,
+                                 quant_method: METHOD | str = METHOD.GPTQ, device: torch.device | str | None = None,
+                                 dtype: torch.dtype | None = None, pack_dtype: torch.dtype | None = None,
+                                 in_features: int | None = None, out_features: int | None = None,
+                                 formats: list[FORMAT | str] | None = None) -> FORMAT:
+    """The checkpoint format whose best packing kernel here has the highest AUTO priority.
+
+    Unlike the reference (ties broken by name, so 5-bit got ``gptq``, which cannot hold it), only
+    formats that can express the weight are ranked, and ties prefer ``FORMAT_PREFERENCE``.
+    """
+    method = METHOD(quant_method)
+    pool = [FORMAT(f) for f in formats] if formats else [f for f in FORMAT_PREFERENCE if method_of(f) is method]
+    ranked = []
+    for fmt in pool:
+        try:
+            kernels = _packing_choice(bits, group_size, desc_act, sym, fmt, BACKEND.AUTO, device, dtype,
+                                      pack_dtype, in_features, out_features, repack=False)
+        except ConfigError:
+            continue
+        if kernels:
+            rank = FORMAT_PREFERENCE.index(fmt) if fmt in FORMAT_PREFERENCE else len(FORMAT_PREFERENCE)
+            ranked.append((-(kernels[0].caps.priority(fmt) or 0), rank, fmt))
+    if not ranked:
+        raise ValueError(f"no feasible packing format for {bits}-bit group {group_size} "
+                         f"{'sym' if sym else 'asym'}{' desc_act' if desc_act else ''} among "
+                         f"{', '.join(f.value for f in pool)}")
+    return min(ranked)[2]

@@ -41,6 +41,12 @@ DEFAULT_FORMAT: Mapping[METHOD, FORMAT] = {
     METHOD.GPTQ: FORMAT.GPTQ,
     METHOD.AWQ: FORMAT.GEMM,
 }
+#: Formats whose checkpoints store int16 words (AWQ GEMV_FAST's interleaved nibbles); the rest default to int32.
+INT16_FORMATS = frozenset({FORMAT.GEMV_FAST, FORMAT.LLM_AWQ})
+#: Bits each AWQ layout can hold: GEMM words carry 32/b fields (2, 4, 8); the GEMV layouts are nibbles only.
+AWQ_LAYOUT_BITS: Mapping[FORMAT, tuple[int, ...]] = {
+    FORMAT.GEMM: (2, 4, 8), FORMAT.GEMV: (4,), FORMAT.GEMV_FAST: (4,), FORMAT.LLM_AWQ: (4,),
+}
 
 
 class ConfigError(ValueError):
@@ -57,6 +63,11 @@ def pack_dtype_of(value: str | torch.dtype) -> torch.dtype:
         if name in PACK_DTYPES:
             return PACK_DTYPES[name]
     raise ConfigError(f"pack_dtype must be one of {', '.join(PACK_DTYPES)}; got {value!r}")
+
+
+def default_pack_dtype(fmt: FORMAT | str) -> torch.dtype:
+    """The word dtype a format's checkpoints use when a config does not name one."""
+    return torch.int16 if FORMAT(fmt) in INT16_FORMATS else torch.int32
 
 
 def word_bits(pack_dtype: torch.dtype) -> int:
@@ -84,6 +95,9 @@ def _check_integer_affine(bits: int, group_size: int, fmt: FORMAT, method: METHO
             raise ConfigError(f"{what} is packed in int32 words only; got pack_dtype={pack_dtype}")
     if method is METHOD.AWQ and desc_act:
         raise ConfigError("AWQ never reorders input channels: desc_act must be False")
+    if method is METHOD.AWQ and fmt in AWQ_LAYOUT_BITS and bits not in AWQ_LAYOUT_BITS[fmt]:
+        allowed = ", ".join(map(str, AWQ_LAYOUT_BITS[fmt]))
+        raise ConfigError(f"AWQ checkpoint_format {fmt.value!r} holds bits {allowed}; got bits={bits}")
 
 
 @dataclass(frozen=True)
@@ -96,7 +110,7 @@ class QuantizeConfig:
     desc_act: bool = False
     method: METHOD = METHOD.GPTQ
     checkpoint_format: FORMAT | None = None
-    pack_dtype: torch.dtype = torch.int32
+    pack_dtype: torch.dtype | str | None = None  # None: the format's default word (default_pack_dtype)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -106,7 +120,8 @@ class QuantizeConfig:
             raise ConfigError(f"method {method.value!r} has no default checkpoint_format; name one")
         object.__setattr__(self, "method", method)
         object.__setattr__(self, "checkpoint_format", fmt)
-        object.__setattr__(self, "pack_dtype", pack_dtype_of(self.pack_dtype))
+        pack = default_pack_dtype(fmt) if self.pack_dtype is None else self.pack_dtype
+        object.__setattr__(self, "pack_dtype", pack_dtype_of(pack))
         if method in (METHOD.GPTQ, METHOD.AWQ):
             _check_integer_affine(self.bits, self.group_size, fmt, method, self.desc_act, self.pack_dtype)
 
@@ -154,7 +169,7 @@ class QuantizeConfig:
                  "sym", "zero_point", "desc_act", "quant_method", "pack_dtype"}
         return cls(bits=int(bits), group_size=int(group_size), sym=sym, desc_act=bool(data.get("desc_act", False)),
                    method=method, checkpoint_format=FORMAT(fmt) if fmt else None,
-                   pack_dtype=data.get("pack_dtype", "int32"),
+                   pack_dtype=data.get("pack_dtype"),
                    extra={k: v for k, v in data.items() if k not in known})
 
 
@@ -196,7 +211,7 @@ class Scheme:
     desc_act: bool = False
     method: METHOD = METHOD.GPTQ
     format: FORMAT = FORMAT.GPTQ_V2
-    pack_dtype: torch.dtype = torch.int32
+    pack_dtype: torch.dtype | str | None = None  # None: the format's default word (default_pack_dtype)
 
     def __post_init__(self) -> None:
         for name in ("in_features", "out_features"):
@@ -205,7 +220,8 @@ class Scheme:
                 raise ConfigError(f"{name} must be a positive integer; got {value!r}")
         object.__setattr__(self, "method", METHOD(self.method))
         object.__setattr__(self, "format", FORMAT(self.format))
-        object.__setattr__(self, "pack_dtype", pack_dtype_of(self.pack_dtype))
+        pack = default_pack_dtype(self.format) if self.pack_dtype is None else self.pack_dtype
+        object.__setattr__(self, "pack_dtype", pack_dtype_of(pack))
         if self.method in (METHOD.GPTQ, METHOD.AWQ):
             _check_integer_affine(self.bits, self.group_size, self.format, self.method, self.desc_act,
                                   self.pack_dtype)

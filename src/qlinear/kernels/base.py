@@ -40,6 +40,10 @@ class QuantLinear(nn.Module):
     implemented: ClassVar[bool] = True
     #: A migration message for retired backends; construction and validation raise or report it.
     retired: ClassVar[str | None] = None
+    #: Can hf_pack_layer pack raw quantizer outputs into this kernel (False: load or repack only).
+    raw_packing: ClassVar[bool] = True
+    #: Set by kernels that drop their checkpoint tensors after prepare(); such a layer cannot be repacked.
+    checkpoint_released: bool = False
 
     # ---------------------------------------------------------------- declaration and validation
     @classmethod

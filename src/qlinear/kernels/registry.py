@@ -15,6 +15,7 @@ from .base import QuantLinear
 #: Modules under ``qlinear.kernels`` holding implemented kernels, in AUTO tie-break order.
 FAMILIES: tuple[str, ...] = (
     "torch",
+    "torch_awq",
 )
 
 

@@ -1,0 +1,116 @@
+"""Checkpoint buffers shared by every kernel that loads AWQ weights (gemm, gemv, gemv_fast, llm-awq).
+
+The buffers hold exactly what the checkpoint holds, so a ``state_dict`` is always the checkpoint layout.
+The decode helpers work on row tiles (input channels ``k0:k1``), so a kernel never has to build the
+whole dense weight: codes ``[k1-k0, N]``, zero points ``[G, N]`` and scales ``[G, N]`` in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..affine import AffineWeight
+from ..enums import FORMAT
+from ..layouts import awq
+from ..layouts.bitpack import unpack_bits
+from .base import QuantLinear
+
+
+class AwqQuantLinear(QuantLinear):
+    """Base for kernels whose checkpoint is an AWQ layout; decoding helpers work on row tiles."""
+
+    def register_checkpoint_buffers(self, bias: bool) -> None:
+        for name, (shape, dtype) in awq.checkpoint_shapes(self.scheme).items():
+            self.register_buffer(name, torch.zeros(shape, dtype=dtype))
+        self.register_buffer("bias", torch.zeros(self.out_features, dtype=torch.float16) if bias else None)
+
+    @property
+    def zeros_buffer(self) -> torch.Tensor:
+        """The zero-point buffer: packed integer zeros (gemm, gemv) or scaled negative zeros (gemv_fast, llm-awq)."""
+        return getattr(self, awq.zeros_name(self.scheme.format))
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        # AWQ GEMM checkpoints store scales (and bias) in float16 or bfloat16: adopt the incoming dtype
+        # instead of letting load_state_dict round bfloat16 values into float16 (or back).
+        if self.scheme.format is FORMAT.GEMM:
+            for name in ("scales", "bias"):
+                t, mine = state_dict.get(prefix + name), getattr(self, name)
+                if (isinstance(t, torch.Tensor) and mine is not None and t.dtype in awq.SCALE_DTYPES
+                        and t.dtype != mine.dtype):
+                    setattr(self, name, torch.zeros_like(mine, dtype=t.dtype))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def load_affine(self, q: AffineWeight, bias: torch.Tensor | None = None) -> None:
+        s = self.scheme
+        if (q.out_features, q.in_features) != (s.out_features, s.in_features):
+            raise ValueError(f"weight: expected shape [{s.out_features}, {s.in_features}] for this layer, "
+                             f"got [{q.out_features}, {q.in_features}]")
+        if q.bits != s.bits:
+            raise ValueError(f"weight: layer is {s.bits}-bit but the codes are {q.bits}-bit")
+        if min(q.group_size, s.in_features) != s.group_size:
+            raise ValueError(f"weight: layer has group size {s.group_size} but the weight {q.group_size}")
+        tensors = awq.to_checkpoint(q, s.format, scale_dtype=self.scales.dtype)
+        if bias is not None:
+            if self.bias is None:
+                raise ValueError("bias given but the layer was built without one (bias=False)")
+            if tuple(bias.shape) != (s.out_features,):
+                raise ValueError(f"bias: expected shape [{s.out_features}], got {tuple(bias.shape)}")
+        with torch.no_grad():
+            for name, value in tensors.items():
+                getattr(self, name).copy_(value)
+            if bias is not None:
+                self.bias.copy_(bias.detach().to(self.bias.dtype))
+        self._runtime_key = None
+
+    def affine(self) -> AffineWeight:
+        names = awq.checkpoint_shapes(self.scheme)
+        return awq.from_checkpoint({n: getattr(self, n).cpu() for n in names}, self.scheme)
+
+    def checkpoint_tensors(self) -> list[torch.Tensor | None]:
+        return [self.qweight, self.zeros_buffer, self.scales, self.bias]
+
+    # ------------------------------------------------------------------ decoding for forward
+    @property
+    def code_block(self) -> int:
+        """Input channels per self-contained run of packed words (tiles start on multiples of it)."""
+        return {FORMAT.GEMM: 1, FORMAT.GEMV: 8}.get(self.scheme.format, awq.KSTRIDE)
+
+    def codes_rows(self, k0: int, k1: int) -> torch.Tensor:
+        """Codes ``[k1 - k0, N]`` (uint8) of input channels ``k0:k1``; ``k0`` a multiple of ``code_block``."""
+        s = self.scheme
+        if k0 % self.code_block:
+            raise ValueError(f"k0: {k0} is not a multiple of {self.code_block} ({s.format.value} code block)")
+        if s.format is FORMAT.GEMM:
+            return awq.unpack_gemm(self.qweight[k0:k1], s.bits, s.out_features)
+        if s.format is FORMAT.GEMV:
+            return unpack_bits(self.qweight[:, k0 // 8:], 4, k1 - k0, dim=1, name="qweight").t()
+        c1 = min(-(-k1 // awq.KSTRIDE) * awq.KSTRIDE, s.in_features)
+        return awq.unpack_fast(self.qweight[:, k0:c1], s.out_features)[:, :k1 - k0].t()
+
+    def group_scales(self) -> torch.Tensor:
+        """Scales ``[G, N]`` float32 (padding of the GEMV layouts dropped)."""
+        g, fmt = self.scheme.num_groups, self.scheme.format
+        if fmt is FORMAT.GEMM:
+            return self.scales.float()
+        return self.scales[:, :g].t().float() if fmt is FORMAT.GEMV else self.scales[:g].float()
+
+    def true_zeros(self) -> torch.Tensor:
+        """Zero points ``[G, N]`` as float32.
+
+        gemv_fast / llm-awq: ``-zbuf / s`` (0 where ``s = 0``), which is the integer ``z`` for every
+        checkpoint the packers write, and the buffer's own value otherwise (no rounding, no error).
+        """
+        s, g, n = self.scheme, self.scheme.num_groups, self.scheme.out_features
+        if s.format is FORMAT.GEMM:
+            return awq.unpack_gemm(self.qzeros, s.bits, n, "qzeros").float()
+        if s.format is FORMAT.GEMV:
+            return unpack_bits(self.qzeros, 4, g, dim=1, name="qzeros").t().float()
+        scales = self.scales[:g].float()
+        zbuf = self.zeros_buffer[:g].float()
+        return torch.where(scales != 0, -zbuf / torch.where(scales != 0, scales, 1.0), 0.0)
+
+    def group_index(self, k0: int, k1: int) -> torch.Tensor:
+        """Group of each input channel ``k0:k1`` (AWQ has no g_idx: ``k // group_size``)."""
+        return torch.arange(k0, k1, device=self.qweight.device) // self.scheme.group_size
