@@ -70,19 +70,20 @@ def test_forward_matches_float64_oracle(fmt, bits, group, sym, desc_act, pack, k
         assert err < TOL[dtype], f"relative error {err:.2e} over {TOL[dtype]:.0e}"
 
 
-def test_tiled_forward_equals_single_tile(monkeypatch) -> None:
-    q = quantize_rtn(make_weight(64, 512, 1), bits=4, group_size=32, sym=False, desc_act=True)
+@pytest.mark.parametrize("desc_act", [False, True])
+def test_tiled_forward_equals_single_tile(monkeypatch, desc_act: bool) -> None:
+    q = quantize_rtn(make_weight(64, 512, 1), bits=4, group_size=32, sym=False, desc_act=desc_act)
     layer = QuantLinear.create(q, backend="gptq_torch", dtype=torch.float32)
     x = torch.randn(5, 512)
-    whole = layer(x)
-    monkeypatch.setattr("qlinear.kernels.torch.TILE_ELEMENTS", 64 * 64)
-    assert layer.tile_rows() == 64
+    whole = x @ layer.dequantize().t()
+    monkeypatch.setattr("qlinear.kernels.torch.TILE_ELEMENTS", 512 * 16)
+    assert layer.tile_cols() == 16
     torch.testing.assert_close(layer(x), whole, rtol=1e-5, atol=1e-6)
 
 
 def test_state_dict_holds_only_the_checkpoint_layout() -> None:
     q = quantize_rtn(make_weight(48, 128, 2), bits=4, group_size=64, sym=False)
-    layer = QuantLinear.create(q, format="gptq", dtype=torch.float32, bias=torch.zeros(48))
+    layer = QuantLinear.create(q, format="gptq", backend="gptq_torch", dtype=torch.float32, bias=torch.zeros(48))
     sd = layer.state_dict()
     assert set(sd) == {"qweight", "qzeros", "scales", "g_idx", "bias"}
     assert sd["qweight"].shape == (16, 48) and sd["qweight"].dtype == torch.int32
@@ -96,7 +97,7 @@ def test_state_dict_holds_only_the_checkpoint_layout() -> None:
 def test_runtime_state_follows_buffer_mutation() -> None:
     q1 = quantize_rtn(make_weight(32, 64, 3), bits=4, group_size=32)
     q2 = quantize_rtn(make_weight(32, 64, 4), bits=4, group_size=32)
-    layer = QuantLinear.create(q1, dtype=torch.float32)
+    layer = QuantLinear.create(q1, backend="gptq_torch", dtype=torch.float32)
     calls = []
     original = layer.prepare
     layer.prepare = lambda: (calls.append(1), original())[1]
@@ -116,7 +117,7 @@ def test_no_dense_weight_survives_forwards() -> None:
 
     k = n = 4096
     q = quantize_rtn(torch.randn(n, k) * 0.02, bits=4, group_size=128)
-    layer = QuantLinear.create(q, dtype=torch.bfloat16)
+    layer = QuantLinear.create(q, backend="gptq_torch", dtype=torch.bfloat16)
     del q
     x = torch.randn(4, k, dtype=torch.bfloat16)
     for _ in range(10):
@@ -131,7 +132,8 @@ def test_no_dense_weight_survives_forwards() -> None:
 
 
 def test_forward_input_errors() -> None:
-    layer = QuantLinear.create(quantize_rtn(torch.randn(8, 32), bits=4, group_size=32), dtype=torch.float32)
+    layer = QuantLinear.create(quantize_rtn(torch.randn(8, 32), bits=4, group_size=32), backend="gptq_torch",
+                               dtype=torch.float32)
     with pytest.raises(ValueError, match=r"input: expected last dimension 32 \(in_features\), got shape \(2, 31\)"):
         layer(torch.randn(2, 31))
     with pytest.raises(ValueError, match="input: dtype torch.int64 not supported"):

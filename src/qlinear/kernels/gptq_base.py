@@ -68,6 +68,13 @@ class GPTQQuantLinear(QuantLinear):
             z = gptq.unpack_qzeros(self.qzeros, self.scheme.bits, self.out_features, v1=v1)
         return z.to(torch.float32)
 
+    def codes_cols(self, n0: int, n1: int) -> torch.Tensor:
+        """Codes ``[K, n1 - n0]`` (uint8) of output channels ``n0:n1`` (qweight packs along K)."""
+        words = self.qweight[:, n0:n1]
+        if self.scheme.format is FORMAT.GPTQ_P:
+            return planar.planar_unpack_rows(words, self.scheme.bits, self.in_features)
+        return gptq.unpack_qweight(words, self.scheme.bits, self.in_features)
+
     def codes_rows(self, k0: int, k1: int) -> torch.Tensor:
         """Codes ``[k1 - k0, N]`` (uint8) of input channels ``k0:k1``; ``k0`` a multiple of ``code_block``."""
         b = self.scheme.bits

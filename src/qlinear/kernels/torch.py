@@ -1,8 +1,8 @@
 """Portable GPTQ kernels in plain torch: ``TorchLinear`` and ``TorchQuantEmbeddings``.
 
-Weights stay packed between forwards. Each forward decodes the weight in row tiles of at most
-``TILE_ELEMENTS`` values and multiplies tile by tile, so no dense ``[K, N]`` weight ever exists,
-not even inside a forward.
+Weights stay packed between forwards. Each forward decodes the weight in tiles of output columns
+(at most ``TILE_ELEMENTS`` values) and multiplies tile by tile into the output, so no dense
+``[K, N]`` weight ever exists, not even inside a forward.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from ..enums import ALL_DEVICES, BACKEND, FORMAT
 from ..target import Target
 from .gptq_base import GPTQQuantLinear
 
-#: Largest decoded tile (values). 2**22 float32 = 16 MiB: big enough for full-speed GEMMs on CPU.
-TILE_ELEMENTS = 1 << 22
+#: Largest decoded tile (values). 2**18 float32 = 1 MiB stays in cache: measured twice as fast as 2**22
+#: for a 4096x4096 layer at M=1 (one thread, this repo's CPU; benchmarks/cpu_linear.py).
+TILE_ELEMENTS = 1 << 18
 
 TORCH_GPTQ_CAPS = Caps(
     formats={FORMAT.GPTQ: 20, FORMAT.GPTQ_V2: 20, FORMAT.GPTQ_P: 20},
@@ -49,11 +50,27 @@ class TorchLinear(GPTQQuantLinear):
     def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
         return _planar_reasons(problem)
 
-    def tile_rows(self) -> int:
-        """Input channels decoded per tile: a multiple of the code block, about TILE_ELEMENTS values."""
-        block = self.code_block
-        rows = max(block, TILE_ELEMENTS // max(1, self.out_features) // block * block)
-        return min(rows, -(-self.in_features // block) * block)
+    def prepare(self) -> None:
+        """Note whether groups are contiguous runs of ``group_size`` inputs (no act-order): then a tile's
+        scales broadcast per group instead of being gathered per input channel."""
+        plain = torch.arange(self.in_features, dtype=torch.int32, device=self.g_idx.device) // self.scheme.group_size
+        self._plain_groups = bool(torch.equal(self.g_idx, plain))
+        super().prepare()
+
+    def tile_cols(self) -> int:
+        """Output columns decoded per tile: about TILE_ELEMENTS values, so a tile stays in cache."""
+        return max(16, TILE_ELEMENTS // self.in_features // 16 * 16)
+
+    def _tile(self, n0: int, n1: int, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Decoded weight columns ``n0:n1`` as ``[K, n1 - n0]`` in ``dtype``."""
+        codes = self.codes_cols(n0, n1).to(torch.float32)
+        s, z = scales[:, n0:n1], zeros[:, n0:n1]
+        k, gs = self.in_features, self.scheme.group_size
+        if self._plain_groups and k % gs == 0:  # contiguous groups: broadcast one scale row per group
+            s, z = s[:, None, :], z[:, None, :]
+            return torch.addcmul(-z * s, codes.view(k // gs, gs, -1), s).view(k, -1).to(dtype)
+        g = self.g_idx.long()
+        return codes.sub_(z[g]).mul_(s[g]).to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k, n = self.in_features, self.out_features
@@ -65,24 +82,13 @@ class TorchLinear(GPTQQuantLinear):
         x2 = x.reshape(-1, k)
         scales = self.scales.to(torch.float32)
         zeros = self.true_zeros().to(x.device)
-        g_idx = self.g_idx.long()
-        step = self.tile_rows()
-        out: torch.Tensor | None = None
-        for k0 in range(0, k, step):
-            k1 = min(k, k0 + step)
-            g = g_idx[k0:k1]
-            w = (self.codes_rows(k0, k1).to(torch.float32) - zeros[g]).mul_(scales[g]).to(x.dtype)
-            part = x2[:, k0:k1] @ w
-            del w
-            if k0 == 0 and k1 == k:  # one tile: the product is already the answer
-                out = part
-            elif out is None:  # several tiles: accumulate in float32
-                out = part.float()
-            else:
-                out.add_(part)
-        y = out.to(x.dtype)
+        step = self.tile_cols()
+        y = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
+        for n0 in range(0, n, step):
+            n1 = min(n, n0 + step)
+            torch.matmul(x2, self._tile(n0, n1, scales, zeros, x.dtype), out=y[:, n0:n1])
         if self.bias is not None:
-            y = y + self.bias.to(x.dtype)
+            y += self.bias.to(x.dtype)
         return y.reshape(*x.shape[:-1], n)
 
 
