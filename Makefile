@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-REQS := pyproject.toml requirements/nodeps-demo.txt
+REQS := pyproject.toml $(wildcard requirements/nodeps-*.txt)
 # GPTQModel 7.7.0, the reference, in a virtualenv of its own (tests/external cross-check against it).
 REF := .venv-ref
 REF_STAMP := $(REF)/.installed-stamp
@@ -16,7 +16,7 @@ $(STAMP): $(REQS)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[test,demo]'
-	$(BIN)/python -m pip install -q --no-deps -r requirements/nodeps-demo.txt
+	for f in requirements/nodeps-*.txt; do $(BIN)/python -m pip install -q --no-deps -r $$f || exit 1; done
 	touch $(STAMP)
 
 $(REF_STAMP): requirements/gptqmodel-crosscheck.txt

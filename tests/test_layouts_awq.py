@@ -96,8 +96,8 @@ def cases(draw: st.DrawFn) -> tuple[str, AffineWeight]:
         n, k = 32 // bits * draw(st.integers(1, 4)), draw(st.integers(1, 80))
         gs = draw(st.sampled_from([k, 16, 32, 64, 128]))
     elif fmt == "gemv":
-        n, k = draw(st.integers(1, 12)), 8 * draw(st.integers(1, 20))
-        gs = draw(st.sampled_from([32, 64, 128, 256]))
+        gs = draw(st.sampled_from([32, 64, 128]))
+        n, k = draw(st.integers(1, 12)), gs * draw(st.integers(1, 3)) + 8 * draw(st.integers(0, 3))
     else:
         n, k = 4 * draw(st.integers(1, 3)), 64 * draw(st.integers(1, 3))
         gs = draw(st.sampled_from([32, 64, 128]))
@@ -130,7 +130,8 @@ def test_gemm_scales_in_bfloat16() -> None:
     t = awq.to_checkpoint(q, "gemm", scale_dtype=torch.bfloat16)
     assert t["scales"].dtype == torch.bfloat16
     assert torch.equal(awq.from_checkpoint(t, scheme(q, "gemm")).scales, t["scales"].t())
-    with pytest.raises(ValueError, match=r"scales: expected shape \[2, 64\] dtype torch.float16 for gemv"):
+    with pytest.raises(ValueError, match=r"scales: expected shape \[16, 32\] dtype torch.float16 for gemv 4-bit.* "
+                                         r"dtype torch.bfloat16"):
         awq.from_checkpoint({**awq.to_checkpoint(q, "gemv"), "scales": torch.zeros(16, 32, dtype=torch.bfloat16)},
                             scheme(q, "gemv"))
 
@@ -160,7 +161,8 @@ def test_bad_inputs_are_named() -> None:
         awq.from_checkpoint({**t, "qweight": torch.zeros(64, 3, dtype=torch.int32)}, scheme(q, "gemm"))
     with pytest.raises(ValueError, match="qzeros: missing from the checkpoint tensors"):
         awq.from_checkpoint({"qweight": t["qweight"], "scales": t["scales"]}, scheme(q, "gemm"))
-    with pytest.raises(ValueError, match="pack_dtype: AWQ gemv_fast checkpoints store torch.int16 words, got torch.int32"):
+    with pytest.raises(ValueError, match="pack_dtype: AWQ gemv_fast checkpoints store torch.int16 words, got "
+                                         "torch.int32"):
         awq.checkpoint_shapes(Scheme(bits=4, group_size=32, in_features=64, out_features=16, method="awq",
                                      format="gemv_fast", pack_dtype=torch.int32))
     with pytest.raises(ValueError, match="fmt: expected one of gemm, gemv, gemv_fast, llm-awq, got 'gptq'"):
@@ -214,3 +216,18 @@ def test_int4pack_inputs_drive_the_cpu_ops() -> None:
                                                    inputs.scales_and_zeros)
     ref = x.double() @ q.dequantize(torch.float64).t()
     assert (y.double() - ref).abs().max() / ref.abs().max() < 2e-2
+
+
+def test_scheme_resolves_the_word_dtype_from_the_format() -> None:
+    from qlinear import QuantizeConfig
+
+    for fmt, word in (("gemv_fast", torch.int16), ("llm-awq", torch.int16), ("gemm", torch.int32),
+                      ("gemv", torch.int32)):
+        s = Scheme(bits=4, group_size=64, in_features=128, out_features=8, method="awq", format=fmt)
+        assert s.pack_dtype == word
+        cfg = QuantizeConfig.from_hf_config({"quant_method": "awq", "bits": 4, "group_size": 64, "version": fmt})
+        assert cfg.pack_dtype == word and cfg.scheme(128, 8).pack_dtype == word
+    assert Scheme(bits=4, group_size=64, in_features=128, out_features=8).pack_dtype == torch.int32
+    assert QuantizeConfig(pack_dtype="int16").pack_dtype == torch.int16
+    with pytest.raises(ConfigError, match="AWQ never reorders input channels: desc_act must be False"):
+        Scheme(bits=4, group_size=64, in_features=128, out_features=8, method="awq", format="gemm", desc_act=True)

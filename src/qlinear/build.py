@@ -13,7 +13,7 @@ from .spec import Scheme, method_of
 from .target import Target
 
 
-def scheme_of(q: AffineWeight, fmt: FORMAT | str, pack_dtype: torch.dtype = torch.int32) -> Scheme:
+def scheme_of(q: AffineWeight, fmt: FORMAT | str, pack_dtype: torch.dtype | None = None) -> Scheme:
     """The layer scheme a canonical weight implies when written in ``fmt``."""
     fmt = FORMAT(fmt)
     return Scheme(bits=q.bits, group_size=q.group_size, in_features=q.in_features, out_features=q.out_features,
@@ -22,8 +22,10 @@ def scheme_of(q: AffineWeight, fmt: FORMAT | str, pack_dtype: torch.dtype = torc
 
 def create_layer(q: AffineWeight, *, format: FORMAT | str = FORMAT.GPTQ_V2, backend: BACKEND | str = BACKEND.AUTO,
                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.float16,
-                 bias: torch.Tensor | None = None, pack_dtype: torch.dtype = torch.int32) -> QuantLinear:
+                 bias: torch.Tensor | None = None, pack_dtype: torch.dtype | None = None) -> QuantLinear:
     """Pack ``q`` as ``format``, select a kernel for ``device`` and return it prepared on that device.
+
+    ``pack_dtype`` None means the format's own word (int16 for gemv_fast and llm-awq, else int32).
 
     Raises ``NoKernelError`` (carrying the explain table) when no kernel can run the layer there.
     """

@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--desc-act", action="store_true", help="act-order grouping (g_idx)")
     p.add_argument("--training", action="store_true")
     p.add_argument("--dtype", default="float16", help="activation dtype: float16, bfloat16, float32")
-    p.add_argument("--pack-dtype", default="int32", choices=list(PACK_DTYPES))
+    p.add_argument("--pack-dtype", default=None, choices=list(PACK_DTYPES),
+                   help="storage word (default: the format's own, int16 for gemv_fast/llm-awq, else int32)")
     p.add_argument("--backend", default="auto", help=f"auto or one of: {', '.join(b.value for b in BACKEND)}")
     p.set_defaults(func=cmd_explain)
 

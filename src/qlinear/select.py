@@ -56,8 +56,10 @@ class Choice:
                 f"pack={str(s.pack_dtype).removeprefix('torch.')} in={s.in_features} out={s.out_features} "
                 f"dtype={str(p.dtype).removeprefix('torch.')} on {self.target}; backend={self.requested.value}")
 
-    def explain(self, width: int = 100) -> str:
-        """Every candidate in selection order with its verdict; the chosen one is marked ``*``."""
+    def explain(self, width: int | None = 100) -> str:
+        """Every candidate in selection order with its verdict; the chosen one is marked ``*``.
+
+        Reasons wrap at ``width`` columns; ``None`` keeps each reason on one line (errors and logs)."""
         lines = [self.headline()]
         lines.append(f"chosen: {self.kernel.__name__} ({self.kernel.backend.value})" if self.kernel
                      else "chosen: none (no kernel can run this layer here)")
@@ -67,7 +69,7 @@ class Choice:
         wc = max([len(r[3]) for r in rows] + [5])
         lines.append(f"    {'prio':>4}  {'backend':<{wb}}  {'class':<{wc}}  verdict")
         indent = 4 + 4 + 2 + wb + 2 + wc + 2
-        room = max(30, width - indent)
+        room = max(30, width - indent) if width else 1 << 30
         for mark, prio, backend, name, v in rows:
             verdict: list[str] = []
             for i, reason in enumerate(v.reasons or ("ok",)):
@@ -95,7 +97,7 @@ class NoKernelError(RuntimeError):
 
     def __init__(self, choice: Choice) -> None:
         self.choice = choice
-        super().__init__("no kernel can run this layer\n" + choice.explain())
+        super().__init__("no kernel can run this layer\n" + choice.explain(width=None))
 
 
 def _verdict(kernel: type[QuantLinear], problem: Problem, target: Target, auto: bool) -> Verdict:

@@ -77,12 +77,28 @@ class AwqQuantLinear(QuantLinear):
         """Input channels per self-contained run of packed words (tiles start on multiples of it)."""
         return {FORMAT.GEMM: 1, FORMAT.GEMV: 8}.get(self.scheme.format, awq.KSTRIDE)
 
-    def codes_rows(self, k0: int, k1: int) -> torch.Tensor:
-        """Codes ``[k1 - k0, N]`` (uint8) of input channels ``k0:k1``; ``k0`` a multiple of ``code_block``."""
+    def slot_columns(self) -> torch.Tensor | None:
+        """GEMM: the output column each unpacked word slot holds (the AWQ interleave), None when in order.
+
+        A kernel can decode ``codes_rows(..., slot_order=True)`` (no gather), permute scales and zeros
+        with this index once, and put the output columns back in order at the end.
+        """
+        s = self.scheme
+        if s.format is not FORMAT.GEMM or awq.field_order(s.bits) == tuple(range(32 // s.bits)):
+            return None
+        return awq.gemm_slot_columns(s.out_features, s.bits).to(self.qweight.device)
+
+    def codes_rows(self, k0: int, k1: int, slot_order: bool = False) -> torch.Tensor:
+        """Codes ``[k1 - k0, N]`` (uint8) of input channels ``k0:k1``; ``k0`` a multiple of ``code_block``.
+
+        ``slot_order`` (gemm): columns as the words hold them, ``slot_columns()`` says which is which.
+        """
         s = self.scheme
         if k0 % self.code_block:
             raise ValueError(f"k0: {k0} is not a multiple of {self.code_block} ({s.format.value} code block)")
         if s.format is FORMAT.GEMM:
+            if slot_order:
+                return unpack_bits(self.qweight[k0:k1], s.bits, s.out_features, dim=1, name="qweight")
             return awq.unpack_gemm(self.qweight[k0:k1], s.bits, s.out_features)
         if s.format is FORMAT.GEMV:
             return unpack_bits(self.qweight[:, k0 // 8:], 4, k1 - k0, dim=1, name="qweight").t()

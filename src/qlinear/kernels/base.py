@@ -143,7 +143,7 @@ class QuantLinear(nn.Module):
     @classmethod
     def create(cls, q: AffineWeight, format: str = "gptq_v2", backend: str | BACKEND = BACKEND.AUTO,
                device: str | torch.device = "cpu", dtype: torch.dtype = torch.float16,
-               bias: torch.Tensor | None = None, pack_dtype: torch.dtype = torch.int32) -> QuantLinear:
+               bias: torch.Tensor | None = None, pack_dtype: torch.dtype | None = None) -> QuantLinear:
         """Pack ``q`` in ``format``, choose a kernel for ``device`` (AUTO or the named backend) and build it."""
         from ..build import create_layer
 

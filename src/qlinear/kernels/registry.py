@@ -16,6 +16,10 @@ from .base import QuantLinear
 FAMILIES: tuple[str, ...] = (
     "torch",
     "torch_awq",
+    "cpu_int4",
+    "cpu_int8",
+    "triton_gptq",
+    "triton_awq",
 )
 
 

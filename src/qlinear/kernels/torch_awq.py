@@ -44,8 +44,21 @@ class AwqTorchLinear(AwqQuantLinear):
         return []
 
     def tile_rows(self) -> int:
-        """Input channels decoded per tile: about TILE_ELEMENTS values, at least one."""
-        return max(1, min(self.in_features, TILE_ELEMENTS // max(1, self.out_features)))
+        """Input channels decoded per tile: about TILE_ELEMENTS values, whole groups where one fits."""
+        rows = max(1, TILE_ELEMENTS // max(1, self.out_features))
+        gs = self.scheme.group_size
+        return min(self.in_features, rows // gs * gs if rows >= gs else rows)
+
+    def _tile(self, k0: int, k1: int, zeros: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Weight rows ``k0:k1`` in slot order, ``(q - z) * s`` in float32 then ``dtype``; whole groups broadcast."""
+        codes = self.codes_rows(k0, k1, slot_order=True).to(torch.float32)
+        gs, rows = self.scheme.group_size, k1 - k0
+        if k0 % gs == 0 and rows % gs == 0:
+            g0, ng = k0 // gs, rows // gs
+            w = codes.view(ng, gs, -1).sub_(zeros[g0:g0 + ng, None]).mul_(scales[g0:g0 + ng, None])
+            return w.view(rows, -1).to(dtype)
+        g = self.group_index(k0, k1)
+        return codes.sub_(zeros[g]).mul_(scales[g]).to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k, n = self.in_features, self.out_features
@@ -55,13 +68,14 @@ class AwqTorchLinear(AwqQuantLinear):
             raise ValueError(f"input: dtype {x.dtype} not supported; expected float16 or bfloat16")
         self.ensure_prepared()
         x2 = x.reshape(-1, k)
-        scales, zeros = self.group_scales(), self.true_zeros()
+        scales, zeros, slots = self.group_scales(), self.true_zeros(), self.slot_columns()
+        if slots is not None:  # compute in the words' column order; one output permutation at the end
+            scales, zeros = scales[:, slots], zeros[:, slots]
         step = self.tile_rows()
         out: torch.Tensor | None = None
         for k0 in range(0, k, step):
             k1 = min(k, k0 + step)
-            g = self.group_index(k0, k1)
-            w = (self.codes_rows(k0, k1).to(torch.float32) - zeros[g]).mul_(scales[g]).to(x.dtype)
+            w = self._tile(k0, k1, zeros, scales, x.dtype)
             part = x2[:, k0:k1] @ w
             del w
             if k0 == 0 and k1 == k:  # one tile: the product is already the answer
@@ -71,6 +85,8 @@ class AwqTorchLinear(AwqQuantLinear):
             else:
                 out.add_(part)
         y = out.to(x.dtype)
+        if slots is not None:
+            y = torch.empty_like(y).index_copy_(1, slots, y)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.reshape(*x.shape[:-1], n)

@@ -77,7 +77,8 @@ def _need(cond: bool, msg: str) -> None:
 
 
 # ---------------------------------------------------------------- GEMM words (packed along N)
-def _gemm_perm(n: int, bits: int) -> torch.Tensor:
+def gemm_slot_columns(n: int, bits: int) -> torch.Tensor:
+    """Logical column held by each slot of a row of GEMM words: slot ``pf*c + i`` holds ``pf*c + order[i]``."""
     pf, order = 32 // bits, field_order(bits)
     return (torch.arange(0, n, pf)[:, None] + torch.tensor(order)[None, :]).reshape(-1)
 
@@ -90,7 +91,7 @@ def pack_gemm(codes: torch.Tensor, bits: int, name: str = "codes") -> torch.Tens
     n = codes.shape[1]
     _need(n % pf == 0, f"{name}: out_features {n} is not a multiple of {pf}: AWQ GEMM packs {pf} "
                        f"{bits}-bit columns per int32 word and has no partial words")
-    return pack_bits(codes[:, _gemm_perm(n, bits)], bits, torch.int32, dim=1, name=name)
+    return pack_bits(codes[:, gemm_slot_columns(n, bits)], bits, torch.int32, dim=1, name=name)
 
 
 def unpack_gemm(words: torch.Tensor, bits: int, out_features: int, name: str = "qweight") -> torch.Tensor:
@@ -102,7 +103,7 @@ def unpack_gemm(words: torch.Tensor, bits: int, out_features: int, name: str = "
           f"got {words.dtype} {list(words.shape)}")
     slots = unpack_bits(words, bits, out_features, dim=1, name=name)
     inv = torch.empty(out_features, dtype=torch.long)
-    inv[_gemm_perm(out_features, bits)] = torch.arange(out_features)
+    inv[gemm_slot_columns(out_features, bits)] = torch.arange(out_features)
     return slots[:, inv.to(slots.device)]
 
 
@@ -243,9 +244,10 @@ def check_tensors(tensors: Mapping[str, torch.Tensor], scheme: Scheme) -> None:
         t = tensors[name]
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        ok_dtype = t.dtype in SCALE_DTYPES if (name == "scales" and scheme.format is FORMAT.GEMM) else t.dtype == dtype
-        if tuple(t.shape) != shape or not ok_dtype:
-            raise ValueError(f"{name}: expected shape {list(shape)} dtype {dtype} for {scheme.format.value} "
+        either = name == "scales" and scheme.format is FORMAT.GEMM  # bfloat16 scales are read as they are
+        want = f"{dtype} or torch.bfloat16" if either else str(dtype)
+        if tuple(t.shape) != shape or t.dtype not in ((*SCALE_DTYPES,) if either else (dtype,)):
+            raise ValueError(f"{name}: expected shape {list(shape)} dtype {want} for {scheme.format.value} "
                              f"{scheme.bits}-bit K={scheme.in_features} N={scheme.out_features} gs={scheme.group_size}"
                              f", got shape {list(t.shape)} dtype {t.dtype}")
 
@@ -257,7 +259,7 @@ def from_checkpoint(tensors: Mapping[str, torch.Tensor], scheme: Scheme) -> Affi
     fmt = _format(scheme.format)
     check_tensors(tensors, scheme)
     b, k, n, g = scheme.bits, scheme.in_features, scheme.out_features, scheme.num_groups
-    t = {name: v.detach().cpu() for name, v in tensors.items()}
+    t = {name: tensors[name].detach().cpu() for name in checkpoint_shapes(scheme)}
     if fmt is FORMAT.GEMM:
         codes = unpack_gemm(t["qweight"], b, n).t()
         zeros = unpack_gemm(t["qzeros"], b, n, "qzeros").t().to(torch.int32)

@@ -1,0 +1,180 @@
+"""Side-by-side CPU timing of qlinear's CPU kernels against dense matmul, on one thread.
+
+Contenders, in one run on the same inputs: dense float32 and bfloat16 ``x @ w.T`` (the weight kept dense,
+which no kernel may do), TorchLinear, every CPU kernel (GPTQ and AWQ, 4-bit g128 symmetric; TorchInt8Linear
+on the 8-bit quantization of the same weight) and the kernel AUTO picks for a GPTQ bfloat16 layer.
+Prints a Markdown table per shape: median milliseconds and speed-up vs dense bf16 / fp32 (>1 = faster),
+then the issue's targets. ``--crossover`` instead times the int4pack op against decode + bf16 GEMM per M
+(the data behind ``cpu_int4.INT4PACK_MAX_M``).
+
+    python benchmarks/cpu_linear.py                 # full run: 3 shapes x M in 1, 4, 16, 64, 256
+    python benchmarks/cpu_linear.py --quick         # one shape, few repetitions (smoke test)
+    python benchmarks/cpu_linear.py --crossover     # op vs decode, M in 1..256, 4096x4096 and 4096x14336
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from qlinear import QuantLinear, quantize_rtn
+from qlinear.kernels import cpu_int4
+
+SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))  # (in_features K, out_features N)
+MS = (1, 4, 16, 64, 256)
+CROSS_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+#: (label, backend, checkpoint format, bits)
+KERNELS = (
+    ("TorchLinear", "gptq_torch", "gptq_v2", 4),
+    ("TorchAtenLinear", "gptq_torch_aten", "gptq_v2", 4),
+    ("TorchFusedLinear", "gptq_torch_fused", "gptq_v2", 4),
+    ("TorchCpuAvx512Linear", "gptq_torch_cpu_avx512", "gptq_v2", 4),
+    ("TorchAtenAwqLinear", "awq_torch_aten", "gemm", 4),
+    ("TorchFusedAwqLinear", "awq_torch_fused", "gemm", 4),
+    ("TorchCpuAvx512AwqLinear", "awq_torch_cpu_avx512", "gemm", 4),
+    ("TorchInt8Linear (8-bit)", "gptq_torch_int8", "gptq_v2", 8),
+    ("AUTO", "auto", "gptq_v2", 4),
+)
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def median_ms(fn: Callable[[], object], reps: int, budget_s: float) -> float:
+    """Median of up to ``reps`` timed calls (at least 3, stopping early once ``budget_s`` is spent)."""
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < reps and (len(times) < 3 or time.perf_counter() - start < budget_s):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def build(k: int, n: int, seed: int = 0) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """Every contender for a ``[n, k]`` weight, as ``name -> fn(x_bf16)``."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.02
+    q = {4: quantize_rtn(w, bits=4, group_size=128), 8: quantize_rtn(w, bits=8, group_size=128)}
+    w32, w16 = w.contiguous(), w.to(torch.bfloat16).contiguous()
+    out: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "dense fp32": lambda x: x.float() @ w32.t(),
+        "dense bf16": lambda x: x @ w16.t(),
+    }
+    for label, backend, fmt, bits in KERNELS:
+        layer = QuantLinear.create(q[bits], format=fmt, backend=backend, dtype=torch.bfloat16)
+        if backend == "auto":
+            label = f"AUTO = {type(layer).__name__}"
+        out[label] = layer
+    return out
+
+
+@torch.no_grad()
+def run_table(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], reps: int, budget_s: float) -> str:
+    lines: list[str] = []
+    notes: list[str] = []
+    for k, n in shapes:
+        fns = build(k, n)
+        times = {name: {} for name in fns}
+        for m in ms:
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+            for name, fn in fns.items():
+                times[name][m] = median_ms(lambda fn=fn, x=x: fn(x), reps, budget_s)
+        lines += ["", f"### K={k} (in) x N={n} (out), bfloat16 activations", "",
+                  "| contender | " + " | ".join(f"M={m}: ms, x bf16, x fp32" for m in ms) + " |",
+                  "|---|" + "---|" * len(ms)]
+        for name in fns:
+            cells = [f"{times[name][m]:.3g} ms, {times['dense bf16'][m] / times[name][m]:.2f}x, "
+                     f"{times['dense fp32'][m] / times[name][m]:.2f}x" for m in ms]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        four_bit = [nm for nm in fns if not nm.startswith(("dense", "TorchInt8", "AUTO"))]
+        auto = next(nm for nm in fns if nm.startswith("AUTO"))
+        if 1 in ms:
+            best = min(four_bit, key=lambda nm: times[nm][1])
+            notes.append(f"- {k}x{n} M=1: best 4-bit {best}: {times['dense bf16'][1] / times[best][1]:.2f}x dense "
+                         f"bf16 (target >= 5), {times['dense fp32'][1] / times[best][1]:.2f}x dense fp32 "
+                         "(target >= 10)")
+        worst = min(ms, key=lambda m: times["dense bf16"][m] / times[auto][m])
+        ratio = times["dense bf16"][worst] / times[auto][worst]
+        notes.append(f"- {k}x{n} {auto}: worst M={worst} at {ratio:.2f}x dense bf16 "
+                     f"({'meets' if ratio >= 1 / 1.1 else 'misses'} 'never >10% slower')")
+    return "\n".join([*lines, "", "Targets:", *notes])
+
+
+def path_layer(k: int, n: int) -> QuantLinear:
+    g = torch.Generator().manual_seed(1)
+    q = quantize_rtn(torch.randn(n, k, generator=g) * 0.02, bits=4, group_size=128)
+    return QuantLinear.create(q, backend="gptq_torch_aten", dtype=torch.bfloat16)
+
+
+def time_paths(layer: QuantLinear, m: int, reps: int, budget_s: float) -> tuple[float, float]:
+    """(int4pack op ms, decode + bf16 GEMM ms) for ``m`` rows through one TorchAtenLinear layer."""
+    x = torch.randn(m, layer.in_features, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    out = []
+    for force in (True, False):
+        layer.use_op = lambda m, grad, force=force: force
+        out.append(median_ms(lambda: layer(x), reps, budget_s))
+    del layer.use_op
+    return out[0], out[1]
+
+
+@torch.no_grad()
+def run_crossover(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], reps: int, budget_s: float) -> str:
+    lines = ["| K x N | M | int4pack op ms | decode + bf16 GEMM ms | faster |", "|---|---|---|---|---|"]
+    found = {}
+    for k, n in shapes:
+        layer, last, losing = path_layer(k, n), 0, False
+        for m in ms:
+            op, dec = time_paths(layer, m, reps, budget_s)
+            lines.append(f"| {k}x{n} | {m} | {op:.3g} | {dec:.3g} | {'op' if op <= dec else 'decode'} |")
+            losing = losing or op > dec
+            last = last if losing else m
+        found[(k, n)] = last
+    lines += ["", f"INT4PACK_MAX_M = {found}  (largest M up to which the op won at every M)",
+              f"(in use: {cpu_int4.INT4PACK_MAX_M})"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> str:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="one shape (4096x4096 unless --shapes), few repetitions")
+    ap.add_argument("--crossover", action="store_true", help="int4pack op vs decode + bf16 GEMM per M")
+    ap.add_argument("--shapes", help="KxN[,KxN...] (in x out)")
+    ap.add_argument("--ms", help="M values, comma separated")
+    ap.add_argument("--reps", type=int, help="most timed calls per cell (default 50, --quick 5)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: timings are per core)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    shapes = (tuple(tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")) if args.shapes
+              else SHAPES[:1] if args.quick else SHAPES[:2] if args.crossover else SHAPES)
+    ms = tuple(int(v) for v in args.ms.split(",")) if args.ms else CROSS_MS if args.crossover else MS
+    reps = args.reps or (5 if args.quick else 50)
+    budget = 0.2 if args.quick else 3.0
+    head = [f"command: python benchmarks/cpu_linear.py {' '.join(argv if argv is not None else sys.argv[1:])}",
+            f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; CPU: {cpu_name()}; "
+            f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}); threads: {args.threads}; "
+            f"median of up to {reps} calls"]
+    body = (run_crossover if args.crossover else run_table)(shapes, ms, reps, budget)
+    text = "\n".join(head) + "\n" + body
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

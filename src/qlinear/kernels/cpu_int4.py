@@ -1,0 +1,283 @@
+"""CPU 4-bit kernels on torch's int4pack ops: TorchAten, TorchFused and TorchCpuAvx512, GPTQ and AWQ.
+
+One runtime (``Int4PackRuntime``) serves all six classes: ``prepare()`` builds it from ``self.affine()``,
+so GPTQ v1/v2 and AWQ checkpoints meet the same code. Each forward picks, from M (rows of the input):
+
+* small M: ``_weight_int4pack_mm_for_cpu`` (bfloat16; reads the 4-bit weight once per call),
+* large M: decode 64..256 output channels at a time to bfloat16 ``s * (q - 8)`` from the same packed
+  bytes and run a bfloat16 GEMM (AMX on this CPU); the zero offset ``(8 - z) * s`` is added as one small
+  GEMM of group sums. No dense weight survives a tile, let alone a forward.
+
+Groups the op cannot take are made exact, not refused: a group of 512 (or a channelwise row) becomes
+runs of one op group (32..256) with its scale repeated; K and N are padded with zero activations.
+Group 16 has no op group: it always takes the decode path. Activations are computed in bfloat16
+whatever the layer dtype (the op's only fast dtype), then cast back; float16 and float32 results are
+therefore bfloat16-accurate. A forward that needs gradients takes the decode path (the op has none).
+Unlike the reference's TorchFusedLinear, asymmetric zeros are honoured (formats.md 2.11).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..caps import Problem
+from ..enums import DEVICE
+from ..layouts.int4pack import OP_GROUP_SIZES, to_int4pack_inputs
+from ..target import Target
+from .awq_base import AwqQuantLinear
+from .gptq_base import GPTQQuantLinear
+from .planned import cpu as declared
+from .torch_awq import AwqTorchLinear
+
+BF16 = torch.bfloat16
+#: Output channels per block of the op's CPU packing: [N/64, K, 32] bytes, low nibble = channel j,
+#: high nibble = channel j + 32 (verified against the op's own bytes at every prepare).
+BLOCK = 64
+#: Largest M that still runs the int4pack op, by layer shape (K, N): above it, decode + bfloat16 GEMM.
+#: Measured by ``python benchmarks/cpu_linear.py --crossover`` (one thread, 2-core Xeon with AMX,
+#: torch 2.13, 2025-07-01); the nearest shape by K*N decides.
+INT4PACK_MAX_M: dict[tuple[int, int], int] = {(4096, 4096): 16, (4096, 14336): 16}
+
+
+def int4pack_max_m(k: int, n: int) -> int:
+    """The crossover for the measured shape nearest to ``k * n`` (in log scale)."""
+    shape = min(INT4PACK_MAX_M, key=lambda s: abs(math.log(s[0] * s[1]) - math.log(max(1, k * n))))
+    return INT4PACK_MAX_M[shape]
+
+
+def op_group(group_size: int, k: int, channelwise: bool) -> int | None:
+    """The op group that splits ``group_size`` exactly (largest), or None (group 16: decode only)."""
+    if channelwise:  # any split works: pick the least K padding, then the largest group
+        return min(OP_GROUP_SIZES, key=lambda g: (-(-k // g) * g, -g))
+    return next((g for g in sorted(OP_GROUP_SIZES, reverse=True) if group_size % g == 0), None)
+
+
+def pack_blocks(codes: torch.Tensor) -> torch.Tensor:
+    """``[N, K]`` codes (N a multiple of 64) -> ``[N/64, K, 32]`` bytes in the op's CPU layout."""
+    c = codes.to(torch.uint8).view(-1, 2, BLOCK // 2, codes.shape[1])
+    return (c[:, 0] | (c[:, 1] << 4)).transpose(1, 2).contiguous()
+
+
+@dataclass(eq=False)
+class Int4PackRuntime:
+    """Kernel-private tensors (never saved): packed codes, per-op-group scales and offsets, K order."""
+
+    packed: torch.Tensor  # [N_pad/64, K_pad, 32] uint8; also the op's [N_pad, K_pad/2] bytes
+    scales_zeros: torch.Tensor | None  # [K_pad/gs, N_pad, 2] bf16 for the op; None: op unusable
+    scales: torch.Tensor  # [K_pad/gs, N_pad] bf16
+    offsets: torch.Tensor | None  # [K_pad/gs, N_pad] float32 (8 - z) * s; None when all zero
+    ret_idx: torch.Tensor | None  # input channel read at each position, None when plain
+    group: int
+    k_pad: int
+    n_pad: int
+    decodable: bool  # the op's bytes are the layout the decode path reads
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.packed, self.scales_zeros, self.scales, self.offsets, self.ret_idx)
+                if t is not None]
+
+
+def build_runtime(layer: torch.nn.Module) -> Int4PackRuntime:
+    """Convert the layer's canonical weight into the int4pack runtime (padding and group splitting)."""
+    q = layer.affine()
+    inputs = to_int4pack_inputs(q)  # codes reordered so each group is contiguous, [G, N, 2] bf16
+    k, n = q.in_features, q.out_features
+    channelwise = q.num_groups == 1
+    gop = op_group(q.group_size, k, channelwise)
+    group = gop or q.group_size
+    k_pad, n_pad = -(-k // group) * group, -(-n // BLOCK) * BLOCK
+    codes = F.pad(inputs.weight, (0, k_pad - k, 0, n_pad - n), value=8)
+    per = -(-q.group_size // group)  # op groups per real group
+    sz = inputs.scales_and_zeros.repeat_interleave(per, 0)[: k_pad // group]
+    sz = F.pad(sz, (0, 0, 0, n_pad - n)).contiguous()
+    packed = pack_blocks(codes)
+    op_ok = gop is not None and all(hasattr(torch.ops.aten, op.partition(".")[2]) for op in declared.INT4PACK_CPU_OPS)
+    decodable = True
+    if op_ok:
+        theirs = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)
+        decodable = torch.equal(theirs.view(-1), packed.view(-1))
+        if not decodable:  # another CPU build packs differently: keep theirs, use the op for every M
+            packed = theirs
+    offsets = sz[..., 1].float()
+    return Int4PackRuntime(
+        packed=packed, scales_zeros=sz if op_ok else None, scales=sz[..., 0].contiguous(),
+        offsets=offsets.contiguous() if bool(offsets.any()) else None, ret_idx=inputs.ret_idx,
+        group=group, k_pad=k_pad, n_pad=n_pad, decodable=decodable)
+
+
+def decode_matmul(rt: Int4PackRuntime, xb: torch.Tensor, tile_blocks: int) -> torch.Tensor:
+    """``xb [M, K_pad]`` bf16 times the weight decoded ``64 * tile_blocks`` output channels at a time.
+
+    Each 64-channel block of packed bytes ``[K, 32]`` becomes bfloat16 ``s * (q - 8)`` in a reused tile
+    (about 1 MiB), then one GEMM per tile. With gradients each tile is fresh (autograd keeps it until
+    backward). Returns ``[M, N_pad]``: bfloat16, or float32 when the ``(8 - z) * s`` offsets are added.
+    """
+    m, kp = xb.shape
+    nb, cols = rt.n_pad // BLOCK, BLOCK * tile_blocks
+    grad = torch.is_grad_enabled() and xb.requires_grad
+    b2, shifted = torch.empty(kp, BLOCK // 2, dtype=torch.int8), torch.empty(kp, BLOCK // 2, dtype=torch.int8)
+    signed = torch.empty(kp, BLOCK, dtype=torch.int8)
+    w = torch.empty(kp, cols, dtype=BF16)
+    y = torch.empty(m, rt.n_pad, dtype=BF16)
+    parts = []
+    for b0 in range(0, nb, tile_blocks):
+        t = min(tile_blocks, nb - b0)
+        if grad:
+            w = torch.empty(kp, cols, dtype=BF16)
+        for j in range(t):  # nibble q -> signed q - 8 (q ^ 8 as 4-bit two's complement), low then high
+            torch.bitwise_xor(rt.packed[b0 + j].view(torch.int8), -120, out=b2)
+            torch.bitwise_left_shift(b2, 4, out=shifted)
+            torch.cat([shifted >> 4, b2 >> 4], 1, out=signed)
+            w[:, j * BLOCK:(j + 1) * BLOCK].copy_(signed)
+        tile = w[:, :t * BLOCK]
+        tile.view(kp // rt.group, rt.group, t * BLOCK).mul_(rt.scales[:, None, b0 * BLOCK:(b0 + t) * BLOCK])
+        if grad:
+            parts.append(xb @ tile)
+        else:
+            y[:, b0 * BLOCK:(b0 + t) * BLOCK] = xb @ tile
+    if grad:
+        y = torch.cat(parts, 1)
+    if rt.offsets is None:
+        return y
+    sums = xb.float().view(m, -1, rt.group).sum(2)  # [M, K_pad/gs]
+    return y.float() + sums @ rt.offsets
+
+
+class Int4PackMixin:
+    """Runtime mixin: ``prepare()`` builds an ``Int4PackRuntime``; ``forward`` routes by M."""
+
+    #: Decoded elements per tile (K_pad x channels): about 1 MiB of bfloat16, kept in L2.
+    TILE_ELEMENTS = 1 << 19
+
+    def prepare(self) -> None:
+        self._rt = build_runtime(self)
+        super().prepare()
+
+    def use_op(self, m: int, grad: bool) -> bool:
+        """Run the int4pack op for ``m`` rows? (No when it cannot, or decode is faster, or grads are needed.)"""
+        rt = self._rt
+        if rt.scales_zeros is None:
+            return False
+        if not rt.decodable:
+            return True
+        return not grad and m <= int4pack_max_m(self.in_features, self.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k, n = self.in_features, self.out_features
+        if x.shape[-1] != k:
+            raise ValueError(f"input: expected last dimension {k} (in_features), got shape {tuple(x.shape)}")
+        if x.dtype not in self.caps.dtypes:
+            names = ", ".join(sorted(str(d).removeprefix("torch.") for d in self.caps.dtypes))
+            raise ValueError(f"input: dtype {x.dtype} not supported; expected {names}")
+        if x.device.type != "cpu":
+            raise ValueError(f"input: on {x.device}; {type(self).__name__} runs on CPU tensors only")
+        self.ensure_prepared()
+        rt = self._rt
+        xb = x.reshape(-1, k).to(BF16)
+        if xb.shape[0] == 0:
+            return x.new_zeros(*x.shape[:-1], n)
+        if rt.ret_idx is not None:
+            xb = xb.index_select(1, rt.ret_idx)
+        if rt.k_pad > k:
+            xb = F.pad(xb, (0, rt.k_pad - k))
+        grad = torch.is_grad_enabled() and xb.requires_grad
+        if self.use_op(xb.shape[0], grad):
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), rt.packed.view(rt.n_pad, -1),
+                                                            rt.group, rt.scales_zeros)
+        else:
+            tile = max(1, self.TILE_ELEMENTS // (rt.k_pad * BLOCK))
+            y = decode_matmul(rt, xb, tile)
+        y = y[:, :n].to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.reshape(*x.shape[:-1], n)
+
+
+def ops_reasons(target: Target) -> list[str]:
+    """The op checks the AVX512 declaration does not carry (it names a native extension instead)."""
+    return [f"this torch build lacks torch.ops.{op}" for op in declared.INT4PACK_CPU_OPS if not target.has_op(op)]
+
+
+def xpu_reasons(target: Target) -> list[str]:
+    """The fused XPU ABI (``_weight_int4pack_mm_with_scales_and_zeros``) is declared, not built."""
+    return [f"{dev}: the XPU fused INT4 path is declared but not implemented in qlinear (CPU only)"
+            for dev in target.devices if dev.kind is DEVICE.XPU]
+
+
+class TorchAtenLinear(Int4PackMixin, GPTQQuantLinear):
+    """GPTQ 4-bit on the CPU int4pack ops (decode + bf16 GEMM for large M)."""
+
+    backend = declared.TorchAtenLinear.backend
+    caps = declared.TorchAtenLinear.caps
+
+
+class TorchAtenAwqLinear(Int4PackMixin, AwqQuantLinear):
+    """AWQ GEMM 4-bit on the CPU int4pack ops (decode + bf16 GEMM for large M)."""
+
+    backend = declared.TorchAtenAwqLinear.backend
+    caps = declared.TorchAtenAwqLinear.caps
+
+    @classmethod
+    def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
+        return AwqTorchLinear.runtime_reasons(problem, target) + super().runtime_reasons(problem, target)
+
+
+class TorchFusedLinear(Int4PackMixin, GPTQQuantLinear):
+    """GPTQ 4-bit, Torch's fused INT4 ABI on CPU = the int4pack ops, asymmetric zeros honoured."""
+
+    backend = declared.TorchFusedLinear.backend
+    caps = declared.TorchFusedLinear.caps
+
+    @classmethod
+    def runtime_target_reasons(cls, target: Target) -> list[str]:
+        return xpu_reasons(target)
+
+
+class TorchFusedAwqLinear(Int4PackMixin, AwqQuantLinear):
+    """AWQ GEMM 4-bit, Torch's fused INT4 ABI on CPU = the int4pack ops, asymmetric zeros honoured."""
+
+    backend = declared.TorchFusedAwqLinear.backend
+    caps = declared.TorchFusedAwqLinear.caps
+
+    @classmethod
+    def runtime_target_reasons(cls, target: Target) -> list[str]:
+        return xpu_reasons(target)
+
+    @classmethod
+    def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
+        return AwqTorchLinear.runtime_reasons(problem, target) + super().runtime_reasons(problem, target)
+
+
+class TorchCpuAvx512Linear(Int4PackMixin, GPTQQuantLinear):
+    """GPTQ 4-bit for AVX512-BF16 CPUs without a native extension: int4pack for small M, decode +
+    bf16 GEMM (AMX where present) for large M and for group 16."""
+
+    backend = declared.TorchCpuAvx512Linear.backend
+    caps = declared.TorchCpuAvx512Linear.caps
+
+    @classmethod
+    def runtime_target_reasons(cls, target: Target) -> list[str]:
+        return declared.avx512_bf16_reasons(target) + ops_reasons(target)
+
+
+class TorchCpuAvx512AwqLinear(Int4PackMixin, AwqQuantLinear):
+    """AWQ GEMM 4-bit for AVX512-BF16 CPUs, as TorchCpuAvx512Linear."""
+
+    backend = declared.TorchCpuAvx512AwqLinear.backend
+    caps = declared.TorchCpuAvx512AwqLinear.caps
+
+    @classmethod
+    def runtime_target_reasons(cls, target: Target) -> list[str]:
+        return declared.avx512_bf16_reasons(target) + ops_reasons(target)
+
+    @classmethod
+    def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
+        return AwqTorchLinear.runtime_reasons(problem, target) + super().runtime_reasons(problem, target)
+
+
+KERNELS = (TorchAtenLinear, TorchAtenAwqLinear, TorchFusedLinear, TorchFusedAwqLinear, TorchCpuAvx512Linear,
+           TorchCpuAvx512AwqLinear)

@@ -1,0 +1,137 @@
+"""Launch configurations: a shipped table of measured entries, else a heuristic; never a run-time autotune.
+
+A config is chosen per call from the flattened row count M. Variants, each with its own limits:
+
+* ``gemv``   split-K, broadcast-multiply-reduce on CUDA cores (M <= 8): memory bound, decode.
+* ``skinny`` split-K, ``tl.dot`` with a 16-row tile (M <= 16..64).
+* ``gemm``   tiled dequant-in-the-loop ``tl.dot`` (M up to ~512), split-K only when tiles are few.
+* ``dense``  dequantize into a transient dense weight and call cuBLAS (large M).
+
+The table (``tuned_<device>.json``) is keyed by device name, then ``variant:m=<bucket>:n=:k=:b=:g=``;
+``crossovers`` maps bits to the largest M bucket each variant serves. Missing entries use ``heuristic``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import asdict, dataclass, replace
+from importlib import resources
+from typing import Any
+
+VARIANTS = ("gemv", "skinny", "gemm", "dense")
+#: group length the kernels use for "one group spans K" (any block is inside group 0)
+CHANNELWISE = 1 << 30
+#: default crossovers (largest M bucket served), used when the table has none for a device/bits
+DEFAULT_CROSSOVERS = {"gemv": 4, "skinny": 16, "gemm": 512}
+TABLES = ("tuned_h200.json",)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One launch: tile sizes (``block_k`` counts codes along K), split-K factor, warps and pipeline depth."""
+
+    variant: str
+    block_m: int = 16
+    block_n: int = 128
+    block_k: int = 128
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def m_bucket(m: int) -> int:
+    """Next power of two >= m (1..8192): rows of the flattened input grouped for the table."""
+    return min(8192, 1 << max(0, (max(1, m) - 1).bit_length()))
+
+
+def table_key(variant: str, m: int, n: int, k: int, bits: int, group: int) -> str:
+    g = -1 if group >= CHANNELWISE else group
+    return f"{variant}:m={m_bucket(m)}:n={n}:k={k}:b={bits}:g={g}"
+
+
+@functools.cache
+def _tables() -> dict[str, Any]:
+    """Every shipped table merged by device name (read once: shipped data, not a runtime fact)."""
+    merged: dict[str, Any] = {}
+    for name in TABLES:
+        try:
+            text = resources.files(__package__).joinpath(name).read_text()
+        except (FileNotFoundError, ModuleNotFoundError):
+            continue
+        for dev, entry in json.loads(text).get("devices", {}).items():
+            merged.setdefault(dev, {"crossovers": {}, "configs": {}})
+            merged[dev]["crossovers"].update(entry.get("crossovers", {}))
+            merged[dev]["configs"].update(entry.get("configs", {}))
+    return merged
+
+
+def pick_variant(device: str, m: int, bits: int) -> str:
+    """The variant for M rows: the device table's crossovers for these bits, else the defaults."""
+    cross = _tables().get(device, {}).get("crossovers", {})
+    limits = cross.get(str(bits)) or cross.get("default") or DEFAULT_CROSSOVERS
+    b = m_bucket(m)
+    for v in ("gemv", "skinny", "gemm"):
+        if v in limits and b <= int(limits[v]):
+            return v
+    return "dense"
+
+
+def _split(tiles: int, nkb: int, sms: int, waves: int, min_blocks: int) -> int:
+    """Split K so that about ``waves`` CTAs per SM exist, each keeping at least ``min_blocks`` K blocks."""
+    if tiles >= sms * waves // 2:
+        return 1
+    want = -(-sms * waves // tiles)
+    return max(1, min(want, nkb // min_blocks))
+
+
+def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: int) -> Config:
+    """A sane config for an H100/H200-class GPU (memory bound below M~64, tensor-core bound above)."""
+    pf = 32 // bits
+    block_n = 128 if n >= 1024 else max(32, min(128, 1 << (n - 1).bit_length()))
+    if variant == "gemv":
+        bm = m_bucket(min(m, 8))
+        bk = 16 * pf
+        if group < bk and group % pf == 0 and group >= 8 * pf:
+            bk = group  # a whole group per step keeps one scale row per step
+        nkb = -(-k // bk)
+        split = _split(-(-n // block_n), nkb, sms, 4, 2)
+        return Config("gemv", bm, block_n, bk, split, 4, 2)
+    if variant == "skinny":
+        bk = 128 if bits >= 4 else 256
+        nkb = -(-k // bk)
+        split = _split(-(-n // block_n), nkb, sms, 3, 2)
+        return Config("skinny", 16, block_n, bk, split, 4, 3)
+    if variant == "gemm":
+        bm = 64 if m <= 64 else 128
+        bk = 64 if bits >= 4 else 128
+        tiles = -(-m // bm) * -(-n // block_n)
+        split = _split(tiles, -(-k // bk), sms, 2, 4)
+        return Config("gemm", bm, block_n, bk, split, 4 if bm == 64 else 8, 4)
+    if variant == "dense":
+        return Config("dense", 1, 128, 16 * pf, 1, 4, 1)
+    raise ValueError(f"variant: expected one of {', '.join(VARIANTS)}, got {variant!r}")
+
+
+def choose(device: str, sms: int, m: int, n: int, k: int, bits: int, group: int,
+           variant: str | None = None) -> Config:
+    """The table's entry for this call when measured, else ``heuristic``; ``variant`` forces one."""
+    variant = variant or pick_variant(device, m, bits)
+    entry = _tables().get(device, {}).get("configs", {}).get(table_key(variant, m, n, k, bits, group))
+    if entry:
+        fields = {f: entry[f] for f in Config.__dataclass_fields__ if f in entry and f != "variant"}
+        return Config(variant, **fields)
+    return heuristic(variant, sms, m, n, k, bits, group)
+
+
+def legal(cfg: Config, m: int, k: int, bits: int) -> Config:
+    """Clamp a config to what the kernels accept for this call (powers of two, dot minimums, split range)."""
+    pf = 32 // bits
+    bk = max(cfg.block_k, pf, 16 * (cfg.variant in ("skinny", "gemm")))
+    bm = cfg.block_m if cfg.variant == "gemv" else max(16, cfg.block_m)
+    words = -(-k // pf)
+    nkb = -(-words // (bk // pf))
+    return replace(cfg, block_m=bm, block_k=bk, split_k=max(1, min(cfg.split_k, nkb)))

@@ -1,0 +1,122 @@
+"""The quantized matmul body (``y = x @ W^T``) and its launcher: one kernel, two inner products.
+
+Grid ``(M tiles, N tiles, SPLIT_K)``; M tiles vary fastest so CTAs sharing a weight tile run together
+and the tile is read from HBM once. Each CTA walks its share of K in steps of ``BLOCK_K`` codes:
+
+* ``USE_DOT=False`` (variant ``gemv``): per code field, ``(q - z) * x`` on CUDA cores into a
+  ``[BM, BKW, BN]`` accumulator; the scale is applied once per word row per step, the reduction over
+  K happens once at the end. No layout shuffles: memory-bound decode.
+* ``USE_DOT=True`` (``skinny``, ``gemm``): the step's words become a dequantized ``[BLOCK_K, BN]`` tile
+  in the activation dtype and feed ``tl.dot`` (wgmma on Hopper for 64/128-row tiles) with fp32 accumulators.
+
+Split-K partials go to a float32 scratch ``[SPLIT_K, M, N]``; the last CTA of a tile (an acq_rel
+counter per tile, reset to 0 by that CTA) sums them in a fixed order (deterministic) and writes y.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import dequant3, field, group_params, load_words, load_x, store_out
+from .configs import Config
+from .layout import Packed
+
+
+@triton.jit
+def qmm_kernel(X, W, S, Z, PERM, BIAS, Y, PART, LOCK,
+               M, N, K, KW, G, KP, NP, GS, SPLIT_K, stride_xm, stride_ym,
+               BITS: tl.constexpr, ZC: tl.constexpr, ONE_GROUP: tl.constexpr,
+               HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               SPLIT: tl.constexpr, USE_DOT: tl.constexpr):
+    PF: tl.constexpr = 32 // BITS
+    BKW: tl.constexpr = BLOCK_K // PF
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nkb = tl.cdiv(KW, BKW)
+    per = tl.cdiv(nkb, SPLIT_K)
+    kb0 = pid_k * per
+    kb1 = tl.minimum(kb0 + per, nkb)
+    if USE_DOT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BKW, BLOCK_N), dtype=tl.float32)
+    for kb in range(kb0, kb1):
+        rows = kb * BKW + tl.arange(0, BKW)
+        w = load_words(W, rows, offs_n, KW, NP)
+        s, zm = group_params(S, Z, rows, kb, offs_n, KW, G, NP, GS, PF, BLOCK_K, BLOCK_N, ZC, HAS_Z, ONE_GROUP)
+        if USE_DOT:
+            kk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+            a = load_x(X, offs_m, kk, M, K, KP, stride_xm, PERM, HAS_PERM)
+            b = tl.reshape(dequant3(w, s, zm, BITS, PF).to(a.dtype), (BLOCK_K, BLOCK_N))
+            acc = tl.dot(a, b, acc)
+        else:
+            blk = tl.zeros((BLOCK_M, BKW, BLOCK_N), dtype=tl.float32)
+            for j in tl.static_range(PF):
+                d = field(w, j, BITS) - zm
+                xv = load_x(X, offs_m, rows * PF + j, M, K, KP, stride_xm, PERM, HAS_PERM).to(tl.float32)
+                blk += d[None, :, :] * xv[:, :, None]
+            acc += blk * s[None, :, :]
+    if USE_DOT:  # noqa: SIM108 (constexpr branch)
+        out = acc
+    else:
+        out = tl.sum(acc, axis=1)
+    if not SPLIT:
+        store_out(Y, BIAS, out, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
+    else:
+        mn = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+        part = PART + offs_m[:, None] * N + offs_n[None, :]
+        tl.store(part + pid_k * M * N, out, mask=mn)
+        tl.debug_barrier()  # every thread's partial is written before the counter is released
+        tile = pid_m * tl.num_programs(1) + pid_n
+        seen = tl.atomic_add(LOCK + tile, 1, sem="acq_rel", scope="gpu")
+        if seen == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for sk in range(SPLIT_K):
+                total += tl.load(part + sk * M * N, mask=mn, other=0.0, cache_modifier=".cg")
+            store_out(Y, BIAS, total, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
+            tl.atomic_xchg(LOCK + tile, 0, sem="relaxed", scope="gpu")
+
+
+def gather_cols(x2: torch.Tensor, p: Packed) -> torch.Tensor:
+    """Activations in sorted-row order ``[M, KP]`` (zeros in padding rows): contiguous A tiles for the GEMM."""
+    assert p.perm is not None
+    xp = x2.index_select(1, p.perm.clamp(min=0).long())
+    if p.kp > p.k:  # padding rows (perm -1) must read 0
+        xp.masked_fill_((p.perm < 0)[None, :], 0)
+    return xp
+
+
+def lock_slots(n: int) -> int:
+    """Split-K counters a layer keeps: enough for 32 M tiles of 16-column N tiles."""
+    return 32 * -(-n // 16)
+
+
+def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = None,
+        lock: torch.Tensor | None = None) -> torch.Tensor:
+    """``x2 [M, K] @ W^T (+ bias)`` -> ``[M, N]`` in x2's dtype, with the tiles and split of ``cfg``."""
+    m = x2.shape[0]
+    y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device)
+    if m == 0:
+        return y
+    use_dot = cfg.variant != "gemv"
+    perm, kx = p.perm, p.k
+    if use_dot and cfg.variant == "gemm" and perm is not None:
+        x2, perm, kx = gather_cols(x2, p), None, p.kp
+    grid_m, grid_n = triton.cdiv(m, cfg.block_m), triton.cdiv(p.n, cfg.block_n)
+    split = cfg.split_k if lock is not None and grid_m * grid_n <= lock.numel() else 1
+    part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
+    qmm_kernel[(grid_m, grid_n, split)](
+        x2, p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales,
+        perm if perm is not None else p.qweight, bias if bias is not None else y, y, part,
+        lock if lock is not None else p.qweight,
+        m, p.n, kx, p.qweight.shape[0], p.scales.shape[0], p.kp, p.np, p.group, split, x2.stride(0), y.stride(0),
+        BITS=p.bits, ZC=p.zero_const, ONE_GROUP=p.group % cfg.block_k == 0, HAS_Z=p.zeros is not None,
+        HAS_PERM=perm is not None, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, SPLIT=split > 1, USE_DOT=use_dot, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return y

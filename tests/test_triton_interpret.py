@@ -1,0 +1,225 @@
+"""The Triton kernels (every variant) in Triton's CPU interpreter against the float64 numpy oracles.
+
+TRITON_INTERPRET=1 is set here, at collection, before anything imports the kernel bodies (``triton.jit``
+decides interpreted-or-compiled when a body is defined). Only the bodies care: other tests are unaffected.
+Error metric ``|y - ref| / |ref|`` (Frobenius): float16 4e-3; bfloat16 1.5e-2 (the interpreter rounds
+float32 -> bfloat16 by truncation, twice the error of the GPU's round-to-nearest).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from qlinear import Scheme, quantize_rtn
+from qlinear.affine import AffineWeight
+from qlinear.caps import Problem
+from qlinear.kernels.triton.configs import Config
+from qlinear.kernels.triton_awq import AwqGEMMTritonLinear
+from qlinear.kernels.triton_gptq import TritonV2Linear
+from qlinear.packing import hf_repack_layer
+from qlinear.target import Target
+from tests.oracle import awq_numpy
+from tests.oracle.gptq_numpy import dequantize_checkpoint
+
+INSTALL = "pip install -r requirements/triton-interpret.txt"
+TOL = {torch.float16: 4e-3, torch.bfloat16: 1.5e-2}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def interpreter():
+    """Skip without triton; run bodies interpreted; float32 dots for bfloat16 (the interpreter's numpy
+    matmul would multiply bfloat16 bit patterns as integers)."""
+    pytest.importorskip("triton", reason=f"triton is not installed: {INSTALL}")
+    import triton.language as tl
+    from triton.runtime import interpreter as it
+
+    from qlinear.kernels.triton import qmm
+
+    if type(qmm.qmm_kernel).__name__ != "InterpretedFunction":
+        pytest.skip("the kernel bodies were imported before TRITON_INTERPRET=1 was set")
+    original = it.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, *args):
+        def f32(h):
+            if h.dtype.scalar == tl.bfloat16:
+                return it.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+            return h
+
+        return original(self, f32(a), f32(b), d, *args)
+
+    it.InterpreterBuilder.create_dot = create_dot
+    yield
+    it.InterpreterBuilder.create_dot = original
+
+
+def make_weight(n: int, k: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.02
+    w[:, ::8] = -0.05  # a negative minimum per group keeps asymmetric zeros above 0 (v1 cannot hold 0)
+    return w
+
+
+def rel_err(y: torch.Tensor, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(y.double().numpy() - ref) / np.linalg.norm(ref))
+
+
+# fmt, bits, group, sym, desc_act, pack dtype, K, N, dtype
+GPTQ = [
+    ("gptq_v2", 4, 128, True, False, torch.int32, 200, 72, torch.float16),
+    ("gptq_v2", 4, 32, False, True, torch.int32, 160, 37, torch.bfloat16),
+    ("gptq", 4, -1, False, False, torch.int16, 96, 40, torch.float16),
+    ("gptq_v2", 2, 128, False, True, torch.int32, 256, 48, torch.bfloat16),
+    ("gptq_v2", 2, 32, True, False, torch.int8, 96, 33, torch.float16),
+    ("gptq", 2, -1, True, True, torch.int32, 160, 40, torch.bfloat16),
+    ("gptq_v2", 8, 128, False, False, torch.int32, 200, 40, torch.bfloat16),
+    ("gptq_v2", 8, 32, True, True, torch.int16, 96, 24, torch.float16),
+    ("gptq", 8, 16, False, True, torch.int32, 64, 40, torch.float16),
+]
+
+
+@functools.cache
+def gptq_layer(case: tuple) -> tuple[TritonV2Linear, np.ndarray, np.ndarray]:
+    fmt, bits, group, sym, desc, pack, k, n, dtype = case
+    q = quantize_rtn(make_weight(n, k, bits * 997 + k + n), bits=bits, group_size=group, sym=sym, desc_act=desc)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(n)) * 0.1
+    scheme = Scheme(bits=bits, group_size=group, in_features=k, out_features=n, sym=sym, desc_act=desc,
+                    format=fmt, pack_dtype=pack)
+    layer = TritonV2Linear(scheme, bias=True, dtype=dtype)
+    layer.load_affine(q, bias)
+    layer.prepare()
+    sd = {name: t.numpy() for name, t in layer.state_dict().items() if name != "bias"}
+    return layer, dequantize_checkpoint(sd, bits, k, n, fmt), layer.bias.double().numpy()
+
+
+def forced(variant: str, bits: int) -> tuple[Config, int]:
+    """Small tiles, split-K and several M tiles, so masks, the K tail, groups and the reduction all run."""
+    pf = 32 // bits
+    return {
+        "gemv": (Config("gemv", 2, 32, 4 * pf, 3, 4, 1), 3),
+        "skinny": (Config("skinny", 16, 32, max(32, 2 * pf), 2, 4, 1), 7),
+        "gemm": (Config("gemm", 32, 32, 64, 2, 4, 1), 37),
+        "dense": (Config("dense", 1, 32, 8 * pf, 1, 4, 1), 9),
+    }[variant]
+
+
+@pytest.mark.parametrize("variant", ["gemv", "skinny", "gemm", "dense"])
+@pytest.mark.parametrize("case", GPTQ, ids=lambda c: f"{c[0]}-{c[1]}b-g{c[2]}-{'sym' if c[3] else 'asym'}"
+                         f"{'-act' if c[4] else ''}-{str(c[8])[6:]}")
+def test_gptq_variant_matches_oracle(case: tuple, variant: str) -> None:
+    layer, w64, b64 = gptq_layer(case)
+    cfg, m = forced(variant, case[1])
+    dtype = case[8]
+    x = torch.randn(m, case[6], generator=torch.Generator().manual_seed(m)).to(dtype)
+    y = layer.matmul(x, config=cfg)
+    assert y.shape == (m, case[7]) and y.dtype == dtype
+    assert rel_err(y, x.double().numpy() @ w64.T + b64) < TOL[dtype]
+    assert int(layer._rt_lock.abs().sum()) == 0  # split-K counters are left at zero for the next call
+
+
+@pytest.mark.parametrize("m", [1, 4, 16, 40, 1100])
+def test_forward_picks_a_variant_per_m(m: int) -> None:
+    layer, w64, b64 = gptq_layer(GPTQ[1])
+    x = torch.randn(2, (m + 1) // 2, 160, dtype=torch.bfloat16)
+    y = layer(x)
+    assert y.shape == (2, (m + 1) // 2, 37)
+    assert rel_err(y.reshape(-1, 37), x.reshape(-1, 160).double().numpy() @ w64.T + b64) < TOL[torch.bfloat16]
+
+
+def test_irregular_groups_are_padded() -> None:
+    """A g_idx whose groups have unequal sizes (not GPTQ's act-order) still runs: groups are padded."""
+    k, n, bits = 120, 40, 4
+    g = torch.Generator().manual_seed(5)
+    g_idx = torch.randint(0, 4, (k,), generator=g, dtype=torch.int32)
+    g_idx[:4] = torch.arange(4, dtype=torch.int32)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    scales = torch.rand(n, 4, generator=g) * 0.01 + 0.001
+    zeros = torch.randint(1, 15, (n, 4), generator=g, dtype=torch.int32)
+    q = AffineWeight(codes, scales, zeros, g_idx, bits, 32, False)
+    layer = TritonV2Linear(Scheme(bits=4, group_size=32, in_features=k, out_features=n, sym=False, desc_act=True))
+    layer.load_affine(q)
+    layer.prepare()
+    sd = {name: t.numpy() for name, t in layer.state_dict().items()}
+    w64 = dequantize_checkpoint(sd, bits, k, n, "gptq_v2")
+    assert layer.packed().kp > k  # padded
+    x = torch.randn(5, k, dtype=torch.float16)
+    for variant in ("gemv", "skinny", "gemm", "dense"):
+        cfg, _ = forced(variant, bits)
+        assert rel_err(layer.matmul(x, config=cfg), x.double().numpy() @ w64.T) < TOL[torch.float16]
+
+
+@pytest.mark.parametrize(("group", "sym", "dtype"), [(128, False, torch.float16), (32, True, torch.bfloat16),
+                                                     (-1, False, torch.float16)])
+def test_awq_gemm_matches_oracle(group: int, sym: bool, dtype: torch.dtype) -> None:
+    k, n = 256, 72
+    q = quantize_rtn(make_weight(n, k, group + 7), bits=4, group_size=group, sym=sym)
+    layer = AwqGEMMTritonLinear(Scheme(bits=4, group_size=group, in_features=k, out_features=n, sym=sym,
+                                       method="awq", format="gemm"), dtype=dtype)
+    layer.load_affine(q)
+    layer.prepare()
+    sd = {name: t.numpy() for name, t in layer.state_dict().items()}
+    w64 = awq_numpy.dequantize("gemm", sd, 4, k, n, layer.scheme.group_size)
+    for variant in ("gemv", "skinny", "gemm", "dense"):
+        cfg, m = forced(variant, 4)
+        x = torch.randn(m, k).to(dtype)
+        assert rel_err(layer.matmul(x, config=cfg), x.double().numpy() @ w64.T) < TOL[dtype]
+
+
+def test_release_checkpoint_keeps_forward_and_refuses_to_save() -> None:
+    fmt, bits, group, sym, _desc, _pack, k, n, dtype = GPTQ[0]
+    q = quantize_rtn(make_weight(n, k, 1), bits=bits, group_size=group, sym=sym)
+    scheme = Scheme(bits=bits, group_size=group, in_features=k, out_features=n, sym=sym, format=fmt)
+    layer = TritonV2Linear(scheme, dtype=dtype, release_checkpoint=True)
+    layer.load_affine(q)
+    x = torch.randn(3, k, dtype=dtype)
+    keep = TritonV2Linear(scheme, dtype=dtype)
+    keep.load_affine(q)
+    expected = keep(x)
+    assert torch.equal(layer(x), expected)  # the first forward prepares, then releases
+    assert layer.checkpoint_released and layer.qweight is None
+    with pytest.raises(RuntimeError, match="released"):
+        layer.state_dict()
+    with pytest.raises(ValueError, match="released"):
+        hf_repack_layer(layer, "gptq_torch")
+    assert torch.equal(layer(x), expected)
+    assert set(keep.state_dict()) == {"qweight", "qzeros", "scales", "g_idx"}  # runtime layout never saved
+
+
+def test_mutating_the_checkpoint_rebuilds_the_runtime_layout() -> None:
+    layer, _, _ = gptq_layer(GPTQ[0])
+    x = torch.randn(2, 200, dtype=torch.float16)
+    before = layer(x)
+    with torch.no_grad():
+        layer.scales.mul_(2)
+    after = layer(x)
+    with torch.no_grad():
+        layer.scales.div_(2)
+    assert torch.allclose(after.float() - layer.bias.float(), 2 * (before.float() - layer.bias.float()),
+                          rtol=1e-2, atol=1e-3)
+
+
+def test_input_gradient() -> None:
+    layer, w64, _ = gptq_layer(GPTQ[0])
+    x = torch.randn(3, 200, dtype=torch.float16, requires_grad=True)
+    gy = torch.randn(3, 72, dtype=torch.float16)
+    layer(x).backward(gy)
+    ref = gy.double().numpy() @ w64
+    assert rel_err(x.grad, ref) < TOL[torch.float16]
+
+
+def test_selector_rejects_without_cuda_or_triton() -> None:
+    p = Problem(Scheme(bits=4, group_size=128, in_features=4096, out_features=4096), torch.float16)
+    assert any("device cpu not supported" in r for r in TritonV2Linear.reasons(p, Target.here("cpu")))
+    assert any("triton" in r for r in TritonV2Linear.reasons(p, Target.fake_cuda((9, 0), modules={})))
+    assert TritonV2Linear.reasons(p, Target.fake_cuda((9, 0), modules={"triton": True})) == []
+    pa = Problem(Scheme(bits=4, group_size=128, in_features=4096, out_features=4096, method="awq", format="gemm"),
+                 torch.float16)
+    assert any("device cpu not supported" in r for r in AwqGEMMTritonLinear.reasons(pa, Target.here("cpu")))
+    assert AwqGEMMTritonLinear.reasons(pa, Target.fake_cuda((9, 0), modules={"triton": True})) == []
