@@ -4,8 +4,8 @@ Contenders, in one run on the same inputs: dense float32 and bfloat16 ``x @ w.T`
 which no kernel may do), TorchLinear, every CPU kernel (GPTQ and AWQ, 4-bit g128 symmetric; TorchInt8Linear
 on the 8-bit quantization of the same weight) and the kernel AUTO picks for a GPTQ bfloat16 layer.
 Prints a Markdown table per shape: median milliseconds and speed-up vs dense bf16 / fp32 (>1 = faster),
-then the issue's targets. ``--crossover`` instead times the int4pack op against decode + bf16 GEMM per M
-(the data behind ``cpu_int4.INT4PACK_MAX_M``).
+then the issue's targets. ``--crossover`` instead times the int4pack / int8pack ops against decode + bf16
+GEMM per M (the data behind ``cpu_int4.INT4PACK_MAX_M`` and ``cpu_int8.INT8PACK_MAX_M``).
 
     python benchmarks/cpu_linear.py                 # full run: 3 shapes x M in 1, 4, 16, 64, 256
     python benchmarks/cpu_linear.py --quick         # one shape, few repetitions (smoke test)
@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from qlinear import QuantLinear, quantize_rtn
-from qlinear.kernels import cpu_int4
+from qlinear.kernels import cpu_int4, cpu_int8
 
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))  # (in_features K, out_features N)
 MS = (1, 4, 16, 64, 256)
@@ -117,37 +117,57 @@ def run_table(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], reps: in
     return "\n".join([*lines, "", "Targets:", *notes])
 
 
-def path_layer(k: int, n: int) -> QuantLinear:
-    g = torch.Generator().manual_seed(1)
-    q = quantize_rtn(torch.randn(n, k, generator=g) * 0.02, bits=4, group_size=128)
-    return QuantLinear.create(q, backend="gptq_torch_aten", dtype=torch.bfloat16)
+def path_layers(k: int, n: int) -> tuple[QuantLinear, QuantLinear]:
+    """A 4-bit TorchAtenLinear and an 8-bit TorchInt8Linear of one random ``[n, k]`` weight (g128)."""
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(1)) * 0.02
+    return (QuantLinear.create(quantize_rtn(w, bits=4, group_size=128), backend="gptq_torch_aten",
+                               dtype=torch.bfloat16),
+            QuantLinear.create(quantize_rtn(w, bits=8, group_size=128), backend="gptq_torch_int8",
+                               dtype=torch.bfloat16))
 
 
-def time_paths(layer: QuantLinear, m: int, reps: int, budget_s: float) -> tuple[float, float]:
-    """(int4pack op ms, decode + bf16 GEMM ms) for ``m`` rows through one TorchAtenLinear layer."""
-    x = torch.randn(m, layer.in_features, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+def time_paths(layers: tuple[QuantLinear, QuantLinear], m: int, reps: int, budget_s: float) -> list[float]:
+    """ms of (int4pack op, 4-bit decode + GEMM, int8pack op, 8-bit decode + GEMM) for ``m`` rows."""
+    int4, int8 = layers
+    x = torch.randn(m, int4.in_features, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
     out = []
     for force in (True, False):
-        layer.use_op = lambda m, grad, force=force: force
-        out.append(median_ms(lambda: layer(x), reps, budget_s))
-    del layer.use_op
-    return out[0], out[1]
+        int4.use_op = lambda m, grad, force=force: force
+        out.append(median_ms(lambda: int4(x), reps, budget_s))
+    del int4.use_op
+    saved = cpu_int8.INT8PACK_MAX_M
+    try:
+        for limit in (1 << 30, 0):
+            cpu_int8.INT8PACK_MAX_M = limit
+            out.append(median_ms(lambda: int8(x), reps, budget_s))
+    finally:
+        cpu_int8.INT8PACK_MAX_M = saved
+    return out
+
+
+def last_win(ms: tuple[int, ...], wins: list[bool]) -> int:
+    """Largest M up to which the op won at every M (0: never)."""
+    last = 0
+    for m, won in zip(ms, wins, strict=True):
+        if not won:
+            break
+        last = m
+    return last
 
 
 @torch.no_grad()
 def run_crossover(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], reps: int, budget_s: float) -> str:
-    lines = ["| K x N | M | int4pack op ms | decode + bf16 GEMM ms | faster |", "|---|---|---|---|---|"]
-    found = {}
+    lines = ["| K x N | M | int4pack op ms | 4-bit decode + bf16 GEMM ms | int8pack op ms | "
+             "8-bit decode + bf16 GEMM ms |", "|---|---|---|---|---|---|"]
+    found4, found8 = {}, {}
     for k, n in shapes:
-        layer, last, losing = path_layer(k, n), 0, False
-        for m in ms:
-            op, dec = time_paths(layer, m, reps, budget_s)
-            lines.append(f"| {k}x{n} | {m} | {op:.3g} | {dec:.3g} | {'op' if op <= dec else 'decode'} |")
-            losing = losing or op > dec
-            last = last if losing else m
-        found[(k, n)] = last
-    lines += ["", f"INT4PACK_MAX_M = {found}  (largest M up to which the op won at every M)",
-              f"(in use: {cpu_int4.INT4PACK_MAX_M})"]
+        layers = path_layers(k, n)
+        rows = [time_paths(layers, m, reps, budget_s) for m in ms]
+        lines += [f"| {k}x{n} | {m} | " + " | ".join(f"{t:.3g}" for t in r) + " |" for m, r in zip(ms, rows)]
+        found4[(k, n)] = last_win(ms, [r[0] <= r[1] for r in rows])
+        found8[(k, n)] = last_win(ms, [r[2] <= r[3] for r in rows])
+    lines += ["", f"INT4PACK_MAX_M = {found4} (in use: {cpu_int4.INT4PACK_MAX_M})",
+              f"INT8PACK_MAX_M = {found8} (in use: {cpu_int8.INT8PACK_MAX_M})"]
     return "\n".join(lines)
 
 

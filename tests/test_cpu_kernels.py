@@ -3,7 +3,8 @@ the float64 numpy oracles in tests/oracle, plus conformance, memory and lifecycl
 
 These kernels compute in bfloat16 whatever the layer dtype (the only fast dtype of the int4pack and int8pack
 ops), so every dtype is held to the bfloat16 bound: 1.5e-2 of max |y_ref| (as TorchLinear's bfloat16 tests).
-M = 1 and 3 take the int4pack op, M = 37 (above cpu_int4.INT4PACK_MAX_M) the decode + GEMM path.
+M = 1 and 3 take the int4pack / int8pack op, M = 37 (above cpu_int4.INT4PACK_MAX_M = 32 and
+cpu_int8.INT8PACK_MAX_M = 16) the decode + GEMM path.
 """
 
 from __future__ import annotations
@@ -114,7 +115,41 @@ def test_op_and_decode_paths_agree(cls, monkeypatch) -> None:
     monkeypatch.setattr(layer, "use_op", lambda m, grad: False)
     decode = layer(x).float()
     assert (op - decode).abs().max() <= 2e-2 * op.abs().max()
-    assert layer._rt.decodable  # the op's bytes are the layout the decode path reads, on this CPU
+    assert layer._rt.block == 64  # the op's bytes are the layout the decode path reads, on this CPU
+
+
+def test_other_cpu_builds_packings(monkeypatch) -> None:
+    """AVX2 builds pack blocks of 32 channels: the decoder reads them; an unknown layout runs the op at every M."""
+    runnable(cpu_int4.TorchAtenLinear)
+    layer = build(cpu_int4.TorchAtenLinear, 4, 64, False, True, 256, 96, torch.bfloat16)
+    x = torch.randn(40, 256, dtype=torch.bfloat16)
+    w64 = oracle(layer)
+    avx2 = lambda codes, tiles: cpu_int4.pack_blocks(codes, 32).view(codes.shape[0], -1)  # noqa: E731
+    monkeypatch.setattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", avx2)
+    layer.prepare()
+    assert layer._rt.block == 32 and not layer.use_op(40, False)
+    assert rel_err(layer(x), x, w64, None) < TOL
+    monkeypatch.undo()
+    monkeypatch.setattr(cpu_int4, "BLOCKS", (32,))
+    layer.prepare()
+    assert layer._rt.block == 0 and layer.use_op(40, False)
+    assert rel_err(layer(x), x, w64, None) < TOL
+    with pytest.raises(RuntimeError, match="gradients need the decode path"):
+        layer(x.clone().requires_grad_())
+
+
+@pytest.mark.parametrize("group", [-1, 32])
+def test_int8_asymmetric_zeros_beyond_the_int8_range(group: int) -> None:
+    """All-positive rows quantize to z = 0 and codes up to 255: q - z does not fit int8, q - 128 does."""
+    runnable(cpu_int8.TorchInt8Linear)
+    w = torch.rand(48, 200, generator=torch.Generator().manual_seed(3)) + 0.01
+    q = quantize_rtn(w, bits=8, group_size=group, sym=False)
+    assert int(q.zeros.max()) == 0 and int(q.codes.max()) == 255
+    layer = QuantLinear.create(q, format="gptq_v2", backend="gptq_torch_int8", dtype=torch.float32)
+    w64 = oracle(layer)
+    for m in (1, 37):
+        x = torch.randn(m, 200)
+        assert rel_err(layer(x), x, w64, None) < TOL
 
 
 def test_fused_honours_asymmetric_zeros() -> None:

@@ -84,3 +84,13 @@ def test_device_that_does_not_exist_is_an_error() -> None:
         Target.here("cuda:3")
     with pytest.raises(DeviceError, match="cannot parse device"):
         Target.here("gpu0")
+
+
+def test_auto_keeps_float32_layers_on_exact_kernels() -> None:
+    here = Target.here("cpu")
+    choice = explain(problem(dtype=torch.float32), here)
+    fused = next(v for v in choice.verdicts if v.kernel.__name__ == "TorchFusedLinear")
+    assert any("computes in bfloat16" in r for r in fused.reasons)
+    assert choice.kernel.__name__ in ("TorchLinear",)
+    explicit = explain(problem(dtype=torch.float32), here, BACKEND.GPTQ_TORCH_FUSED)
+    assert all("computes in bfloat16" not in r for r in explicit.verdicts[0].reasons)

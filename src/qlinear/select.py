@@ -107,6 +107,8 @@ def _verdict(kernel: type[QuantLinear], problem: Problem, target: Target, auto: 
         reasons.insert(0, "excluded from selection (not a linear-layer backend)")
     elif auto and prio == 0:
         reasons.insert(0, f"explicit only (AUTO priority 0 for {problem.scheme.format.value})")
+    elif auto:
+        reasons += kernel.auto_reasons(problem, target)
     return Verdict(kernel, prio, tuple(reasons))
 
 

@@ -212,6 +212,7 @@ class Scheme:
     method: METHOD = METHOD.GPTQ
     format: FORMAT = FORMAT.GPTQ_V2
     pack_dtype: torch.dtype | str | None = None  # None: the format's default word (default_pack_dtype)
+    qtype: str | None = None  # GGUF only: the GGML block type ("Q4_K"); logical bits alone do not name it
 
     def __post_init__(self) -> None:
         for name in ("in_features", "out_features"):
@@ -225,6 +226,14 @@ class Scheme:
         if self.method in (METHOD.GPTQ, METHOD.AWQ):
             _check_integer_affine(self.bits, self.group_size, self.format, self.method, self.desc_act,
                                   self.pack_dtype)
+        if self.qtype is not None:
+            from .layouts.gguf import type_info  # only GGUF schemes need the (pure) GGML type table
+
+            info = type_info(self.qtype)
+            if self.method is not METHOD.GGUF or info.bits != self.bits:
+                raise ConfigError(f"qtype {info.name} is a {info.bits}-bit GGUF block type; got method="
+                                  f"{self.method.value}, bits={self.bits}")
+            object.__setattr__(self, "qtype", info.name)
         if self.group_size == -1 or self.group_size > self.in_features:
             object.__setattr__(self, "group_size", self.in_features)
 

@@ -28,7 +28,9 @@ def tensor_key(t: torch.Tensor | None) -> tuple[object, ...]:
     """What identifies a tensor's current contents cheaply: storage, version, device, dtype, shape."""
     if t is None:
         return (None,)
-    return (t.untyped_storage().data_ptr(), t._version, t.device, t.dtype, tuple(t.shape))
+    # Inference tensors keep no version counter; they cannot be mutated outside inference mode either.
+    version = None if t.is_inference() else t._version
+    return (t.untyped_storage().data_ptr(), version, t.device, t.dtype, tuple(t.shape))
 
 
 class QuantLinear(nn.Module):
@@ -63,6 +65,12 @@ class QuantLinear(nn.Module):
             return [f"retired: {cls.retired}"]
         out = [] if cls.implemented else ["not implemented yet"]
         return out + cls.caps.target_reasons(target) + cls.runtime_target_reasons(target)
+
+    @classmethod
+    def auto_reasons(cls, problem: Problem, target: Target) -> list[str]:
+        """Reasons AUTO passes this kernel over although an explicit request may use it (e.g. it would
+        silently compute a float32 layer in bfloat16)."""
+        return []
 
     @classmethod
     def runtime_target_reasons(cls, target: Target) -> list[str]:

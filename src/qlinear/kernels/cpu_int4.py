@@ -4,9 +4,9 @@ One runtime (``Int4PackRuntime``) serves all six classes: ``prepare()`` builds i
 so GPTQ v1/v2 and AWQ checkpoints meet the same code. Each forward picks, from M (rows of the input):
 
 * small M: ``_weight_int4pack_mm_for_cpu`` (bfloat16; reads the 4-bit weight once per call),
-* large M: decode 64..256 output channels at a time to bfloat16 ``s * (q - 8)`` from the same packed
-  bytes and run a bfloat16 GEMM (AMX on this CPU); the zero offset ``(8 - z) * s`` is added as one small
-  GEMM of group sums. No dense weight survives a tile, let alone a forward.
+* large M (above ``INT4PACK_MAX_M``, measured): decode a tile of output channels (about 1 MiB) to
+  bfloat16 ``s * (q - 8)`` from the same packed bytes and run a bfloat16 GEMM (AMX on this CPU); the
+  zero offset ``(8 - z) * s`` is added as one small GEMM of group sums. No dense weight outlives a tile.
 
 Groups the op cannot take are made exact, not refused: a group of 512 (or a channelwise row) becomes
 runs of one op group (32..256) with its scale repeated; K and N are padded with zero activations.
@@ -34,13 +34,15 @@ from .planned import cpu as declared
 from .torch_awq import AwqTorchLinear
 
 BF16 = torch.bfloat16
-#: Output channels per block of the op's CPU packing: [N/64, K, 32] bytes, low nibble = channel j,
-#: high nibble = channel j + 32 (verified against the op's own bytes at every prepare).
-BLOCK = 64
+#: Output channels per block of the op's CPU packing, by build: [N/B, K, B/2] bytes, low nibble = channel j,
+#: high nibble = channel j + B/2 (AVX512: B = 64, AVX2: 32). Each prepare compares the op's bytes with ours.
+BLOCKS = (64, 32)
+BLOCK = BLOCKS[0]  # N is padded to a multiple of this
 #: Largest M that still runs the int4pack op, by layer shape (K, N): above it, decode + bfloat16 GEMM.
-#: Measured by ``python benchmarks/cpu_linear.py --crossover`` (one thread, 2-core Xeon with AMX,
-#: torch 2.13, 2025-07-01); the nearest shape by K*N decides.
-INT4PACK_MAX_M: dict[tuple[int, int], int] = {(4096, 4096): 16, (4096, 14336): 16}
+#: Measured by ``python benchmarks/cpu_linear.py --crossover --reps 7`` on 2026-12-02 (one thread,
+#: 2-core Xeon with AVX512-BF16 and AMX, torch 2.13): op vs decode ms at M = 32: 11.6 vs 16.0 (4096x4096),
+#: 41.2 vs 60.7 (4096x14336); at M = 64: 23.2 vs 17.5 and 79.7 vs 62.3. The nearest shape by K*N decides.
+INT4PACK_MAX_M: dict[tuple[int, int], int] = {(4096, 4096): 32, (4096, 14336): 32}
 
 
 def int4pack_max_m(k: int, n: int) -> int:
@@ -56,9 +58,9 @@ def op_group(group_size: int, k: int, channelwise: bool) -> int | None:
     return next((g for g in sorted(OP_GROUP_SIZES, reverse=True) if group_size % g == 0), None)
 
 
-def pack_blocks(codes: torch.Tensor) -> torch.Tensor:
-    """``[N, K]`` codes (N a multiple of 64) -> ``[N/64, K, 32]`` bytes in the op's CPU layout."""
-    c = codes.to(torch.uint8).view(-1, 2, BLOCK // 2, codes.shape[1])
+def pack_blocks(codes: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+    """``[N, K]`` codes (N a multiple of ``block``) -> ``[N/block, K, block/2]`` bytes, the op's CPU layout."""
+    c = codes.to(torch.uint8).view(-1, 2, block // 2, codes.shape[1])
     return (c[:, 0] | (c[:, 1] << 4)).transpose(1, 2).contiguous()
 
 
@@ -66,7 +68,7 @@ def pack_blocks(codes: torch.Tensor) -> torch.Tensor:
 class Int4PackRuntime:
     """Kernel-private tensors (never saved): packed codes, per-op-group scales and offsets, K order."""
 
-    packed: torch.Tensor  # [N_pad/64, K_pad, 32] uint8; also the op's [N_pad, K_pad/2] bytes
+    packed: torch.Tensor  # [N_pad/B, K_pad, B/2] uint8; also the op's [N_pad, K_pad/2] bytes
     scales_zeros: torch.Tensor | None  # [K_pad/gs, N_pad, 2] bf16 for the op; None: op unusable
     scales: torch.Tensor  # [K_pad/gs, N_pad] bf16
     offsets: torch.Tensor | None  # [K_pad/gs, N_pad] float32 (8 - z) * s; None when all zero
@@ -74,7 +76,7 @@ class Int4PackRuntime:
     group: int
     k_pad: int
     n_pad: int
-    decodable: bool  # the op's bytes are the layout the decode path reads
+    block: int  # B of ``packed``; 0 when the op's bytes are in a layout the decode path cannot read
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.packed, self.scales_zeros, self.scales, self.offsets, self.ret_idx)
@@ -90,37 +92,38 @@ def build_runtime(layer: torch.nn.Module) -> Int4PackRuntime:
     gop = op_group(q.group_size, k, channelwise)
     group = gop or q.group_size
     k_pad, n_pad = -(-k // group) * group, -(-n // BLOCK) * BLOCK
-    codes = F.pad(inputs.weight, (0, k_pad - k, 0, n_pad - n), value=8)
+    codes = inputs.weight
+    if (k_pad, n_pad) != (k, n):
+        codes = F.pad(codes, (0, k_pad - k, 0, n_pad - n), value=8)
     per = -(-q.group_size // group)  # op groups per real group
     sz = inputs.scales_and_zeros.repeat_interleave(per, 0)[: k_pad // group]
     sz = F.pad(sz, (0, 0, 0, n_pad - n)).contiguous()
-    packed = pack_blocks(codes)
-    op_ok = gop is not None and all(hasattr(torch.ops.aten, op.partition(".")[2]) for op in declared.INT4PACK_CPU_OPS)
-    decodable = True
+    op_ok = gop is not None and all(hasattr(torch.ops.aten, o.split(".")[1]) for o in declared.INT4PACK_CPU_OPS)
+    packed, block = pack_blocks(codes), BLOCK
     if op_ok:
         theirs = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)
-        decodable = torch.equal(theirs.view(-1), packed.view(-1))
-        if not decodable:  # another CPU build packs differently: keep theirs, use the op for every M
-            packed = theirs
+        block = next((b for b in BLOCKS if torch.equal(theirs.view(-1), pack_blocks(codes, b).view(-1))), 0)
+        packed = theirs.view(n_pad // block, k_pad, block // 2) if block else theirs  # 0: op for every M
     offsets = sz[..., 1].float()
     return Int4PackRuntime(
         packed=packed, scales_zeros=sz if op_ok else None, scales=sz[..., 0].contiguous(),
         offsets=offsets.contiguous() if bool(offsets.any()) else None, ret_idx=inputs.ret_idx,
-        group=group, k_pad=k_pad, n_pad=n_pad, decodable=decodable)
+        group=group, k_pad=k_pad, n_pad=n_pad, block=block)
 
 
 def decode_matmul(rt: Int4PackRuntime, xb: torch.Tensor, tile_blocks: int) -> torch.Tensor:
-    """``xb [M, K_pad]`` bf16 times the weight decoded ``64 * tile_blocks`` output channels at a time.
+    """``xb [M, K_pad]`` bf16 times the weight decoded ``B * tile_blocks`` output channels at a time.
 
-    Each 64-channel block of packed bytes ``[K, 32]`` becomes bfloat16 ``s * (q - 8)`` in a reused tile
+    Each B-channel block of packed bytes ``[K, B/2]`` becomes bfloat16 ``s * (q - 8)`` in a reused tile
     (about 1 MiB), then one GEMM per tile. With gradients each tile is fresh (autograd keeps it until
     backward). Returns ``[M, N_pad]``: bfloat16, or float32 when the ``(8 - z) * s`` offsets are added.
     """
     m, kp = xb.shape
-    nb, cols = rt.n_pad // BLOCK, BLOCK * tile_blocks
+    bl = rt.block
+    nb, cols = rt.n_pad // bl, bl * tile_blocks
     grad = torch.is_grad_enabled() and xb.requires_grad
-    b2, shifted = torch.empty(kp, BLOCK // 2, dtype=torch.int8), torch.empty(kp, BLOCK // 2, dtype=torch.int8)
-    signed = torch.empty(kp, BLOCK, dtype=torch.int8)
+    b2, shifted = torch.empty(kp, bl // 2, dtype=torch.int8), torch.empty(kp, bl // 2, dtype=torch.int8)
+    signed = torch.empty(kp, bl, dtype=torch.int8)
     w = torch.empty(kp, cols, dtype=BF16)
     y = torch.empty(m, rt.n_pad, dtype=BF16)
     parts = []
@@ -132,18 +135,18 @@ def decode_matmul(rt: Int4PackRuntime, xb: torch.Tensor, tile_blocks: int) -> to
             torch.bitwise_xor(rt.packed[b0 + j].view(torch.int8), -120, out=b2)
             torch.bitwise_left_shift(b2, 4, out=shifted)
             torch.cat([shifted >> 4, b2 >> 4], 1, out=signed)
-            w[:, j * BLOCK:(j + 1) * BLOCK].copy_(signed)
-        tile = w[:, :t * BLOCK]
-        tile.view(kp // rt.group, rt.group, t * BLOCK).mul_(rt.scales[:, None, b0 * BLOCK:(b0 + t) * BLOCK])
+            w[:, j * bl:(j + 1) * bl].copy_(signed)
+        tile = w[:, :t * bl]
+        tile.view(kp // rt.group, rt.group, t * bl).mul_(rt.scales[:, None, b0 * bl:(b0 + t) * bl])
         if grad:
             parts.append(xb @ tile)
         else:
-            y[:, b0 * BLOCK:(b0 + t) * BLOCK] = xb @ tile
+            y[:, b0 * bl:(b0 + t) * bl] = xb @ tile
     if grad:
         y = torch.cat(parts, 1)
     if rt.offsets is None:
         return y
-    sums = xb.float().view(m, -1, rt.group).sum(2)  # [M, K_pad/gs]
+    sums = xb.float().reshape(m, -1, rt.group).sum(2)  # [M, K_pad/gs]
     return y.float() + sums @ rt.offsets
 
 
@@ -152,6 +155,13 @@ class Int4PackMixin:
 
     #: Decoded elements per tile (K_pad x channels): about 1 MiB of bfloat16, kept in L2.
     TILE_ELEMENTS = 1 << 19
+
+    @classmethod
+    def auto_reasons(cls, problem: Problem, target: Target) -> list[str]:
+        if problem.dtype == torch.float32 and torch.float32 in cls.caps.dtypes:
+            return ["computes in bfloat16: AUTO keeps float32 layers on exact kernels "
+                    "(name this backend to accept bfloat16 accuracy)"]
+        return []
 
     def prepare(self) -> None:
         self._rt = build_runtime(self)
@@ -162,7 +172,10 @@ class Int4PackMixin:
         rt = self._rt
         if rt.scales_zeros is None:
             return False
-        if not rt.decodable:
+        if not rt.block:
+            if grad:
+                raise RuntimeError(f"{type(self).__name__}: gradients need the decode path, and this torch build "
+                                   "packs int4 in a layout it cannot read; use backend gptq_torch / awq_torch")
             return True
         return not grad and m <= int4pack_max_m(self.in_features, self.out_features)
 
@@ -189,7 +202,7 @@ class Int4PackMixin:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), rt.packed.view(rt.n_pad, -1),
                                                             rt.group, rt.scales_zeros)
         else:
-            tile = max(1, self.TILE_ELEMENTS // (rt.k_pad * BLOCK))
+            tile = max(1, self.TILE_ELEMENTS // (rt.k_pad * rt.block))
             y = decode_matmul(rt, xb, tile)
         y = y[:, :n].to(x.dtype)
         if self.bias is not None:

@@ -11,7 +11,8 @@ needs K a multiple of 16: on torch 2.13 CPU any other K gives silently wrong res
 (K = 24: 59 % error; K = 196: crash), so each group's block is padded with zero columns to a multiple
 of 16. The operand is int8 ``[N, K]`` (plus that padding): the size of the 8-bit codes, not an expansion.
 Activations are computed in bfloat16 (the op's only fast dtype here: float32 is about ten times slower)
-and cast back.
+and cast back. The op's cost grows with M row by row; above ``INT8PACK_MAX_M`` rows each group's
+operand is decoded to bfloat16 in tiles of rows and multiplied by a bfloat16 GEMM instead.
 
 ``TorchInt8AwqLinear`` stays retired (planned/cpu.py): building it raises ``RetiredKernelError``.
 """
@@ -30,6 +31,13 @@ from .planned import cpu as declared
 BF16 = torch.bfloat16
 #: ``_weight_int8pack_mm`` is only right for K a multiple of this (measured, torch 2.13 CPU).
 OP_K = 16
+#: Largest M that runs the op; above it, rows of the int8 operand are decoded to bfloat16 for a GEMM.
+#: Measured by ``python benchmarks/cpu_linear.py --crossover --reps 7`` on 2026-12-02 (one thread, AMX
+#: Xeon, torch 2.13; a loaded machine): op vs decode ms at M = 16: 26 vs 28 (4096x4096), 88 vs 92
+#: (4096x14336); at M = 32: 47 vs 28 and 170 vs 108.
+INT8PACK_MAX_M = 16
+#: Decoded elements per tile: about 1 MiB of bfloat16.
+TILE_ELEMENTS = 1 << 19
 
 
 @dataclass(eq=False)
@@ -73,6 +81,20 @@ def build_runtime(layer: GPTQQuantLinear) -> Int8PackRuntime:
                            group_of=g_idx[order].contiguous())
 
 
+def group_matmul(xg: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, use_op: bool) -> torch.Tensor:
+    """``xg [M, w]`` bf16 times one group's ``s * w`` (``w [N, w]`` int8): the op, or tiles of rows decoded
+    to bfloat16 (about 1 MiB each) and a bfloat16 GEMM, which is faster for many rows."""
+    if use_op:
+        return torch.ops.aten._weight_int8pack_mm(xg, w, scales)
+    n, width = w.shape
+    rows = max(1, TILE_ELEMENTS // width)
+    out = torch.empty(xg.shape[0], n, dtype=BF16)
+    for r0 in range(0, n, rows):
+        tile = w[r0:r0 + rows].to(BF16).mul_(scales[r0:r0 + rows, None])
+        out[:, r0:r0 + rows] = xg @ tile.t()
+    return out
+
+
 class TorchInt8Linear(GPTQQuantLinear):
     """8-bit GPTQ (any declared group, act-order, sym or asym) as a centred INT8 operand on CPU."""
 
@@ -98,7 +120,7 @@ class TorchInt8Linear(GPTQQuantLinear):
             return x.new_zeros(*x.shape[:-1], n)
         if rt.order is not None:
             xb = xb.index_select(1, rt.order)
-        mm = torch.ops.aten._weight_int8pack_mm
+        use_op = xb.shape[0] <= INT8PACK_MAX_M
         y: torch.Tensor | None = None
         offset = 0
         for g, ((a, b), wd) in enumerate(zip(pairwise(rt.starts), rt.widths, strict=True)):
@@ -106,7 +128,7 @@ class TorchInt8Linear(GPTQQuantLinear):
                 continue
             w = rt.operand[offset:offset + n * wd].view(n, wd)
             offset += n * wd
-            part = mm(F.pad(xb[:, a:b], (0, wd - (b - a))).contiguous(), w, rt.scales[g])
+            part = group_matmul(F.pad(xb[:, a:b], (0, wd - (b - a))).contiguous(), w, rt.scales[g], use_op)
             y = part.float() if y is None else y.add_(part)
         if y is None:
             y = xb.new_zeros(xb.shape[0], n, dtype=torch.float32)

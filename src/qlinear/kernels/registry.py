@@ -20,6 +20,7 @@ FAMILIES: tuple[str, ...] = (
     "cpu_int8",
     "triton_gptq",
     "triton_awq",
+    "gguf_torch",
 )
 
 

@@ -15,6 +15,7 @@ import triton.language as tl
 from .common import dequant3, group_params, load_words
 from .configs import Config
 from .layout import Packed
+from .qmm import LAST
 
 #: largest dense chunk (elements) one call materialises; wider layers are done in column chunks
 MAX_DENSE = 1 << 28
@@ -51,7 +52,7 @@ def dense_t(p: Packed, dtype: torch.dtype, cfg: Config | None = None, n0: int = 
     if out.numel() == 0:
         return out
     grid = (triton.cdiv(p.kp, block_k), triton.cdiv(n1 - n0, block_n))
-    dequant_kernel[grid](
+    LAST["dequant"] = dequant_kernel[grid](
         p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales,
         p.perm if p.perm is not None else p.qweight, out, n0, n1, p.k, p.qweight.shape[0], p.scales.shape[0],
         p.kp, p.np, p.group, out.stride(0), BITS=p.bits, ZC=p.zero_const, ONE_GROUP=p.group % block_k == 0,

@@ -92,9 +92,10 @@ def pack_words(codes_kn: torch.Tensor, bits: int) -> torch.Tensor:
     """Codes ``[KP, NP]`` (KP a multiple of ``32 // bits``) -> int32 words ``[KP / PF, NP]`` along K."""
     pf = 32 // bits
     kp, n = codes_kn.shape
-    c = codes_kn.to(torch.int64).reshape(kp // pf, pf, n)
-    shifts = (torch.arange(pf, dtype=torch.int64) * bits).view(1, pf, 1)
-    words = (c << shifts).sum(1)
+    c = codes_kn.reshape(kp // pf, pf, n)
+    words = torch.zeros(kp // pf, n, dtype=torch.int64, device=codes_kn.device)
+    for j in range(pf):  # one field at a time keeps the transient at one int64 word per output word
+        words |= c[:, j].to(torch.int64) << (bits * j)
     return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
 
 
@@ -106,17 +107,20 @@ def build(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx:
     n, k = codes.shape
     pf = 32 // bits
     perm, group, identity = sort_rows(g_idx, scales.shape[1], pf)
+    dev = codes.device
     npad = _round_up(n, N_ALIGN)
-    rows = perm.clamp(min=0).long()
-    sorted_kn = codes.t()[rows].to(torch.uint8)  # [KP, N]
-    sorted_kn[perm < 0] = 0
-    codes_kn = torch.zeros(perm.numel(), npad, dtype=torch.uint8)
+    pad_rows = (perm < 0).to(dev)
+    sorted_kn = codes.t()[perm.clamp(min=0).long().to(dev)].to(torch.uint8)  # [KP, N]
+    sorted_kn[pad_rows] = 0
+    codes_kn = torch.zeros(perm.numel(), npad, dtype=torch.uint8, device=dev)
     codes_kn[:, :n] = sorted_kn
-    s = torch.zeros(scales.shape[1], npad, dtype=scale_dtype)
+    del sorted_kn
+    s = torch.zeros(scales.shape[1], npad, dtype=scale_dtype, device=dev)
     s[:, :n] = scales.t().to(scale_dtype)
     zc = int(zeros.flatten()[0]) if zeros.numel() else 0
     z = None
     if zeros.numel() and not bool((zeros == zc).all()):
-        z = torch.zeros(scales.shape[1], npad, dtype=torch.uint8)
+        z = torch.zeros(scales.shape[1], npad, dtype=torch.uint8, device=dev)
         z[:, :n] = zeros.t().to(torch.uint8)
-    return Packed(pack_words(codes_kn, bits), s, z, None if identity else perm, bits, k, n, group, zc)
+    perm_t = None if identity else perm.to(dev)
+    return Packed(pack_words(codes_kn, bits), s, z, perm_t, bits, k, n, group, zc)

@@ -83,6 +83,10 @@ def qmm_kernel(X, W, S, Z, PERM, BIAS, Y, PART, LOCK,
             tl.atomic_xchg(LOCK + tile, 0, sem="relaxed", scope="gpu")
 
 
+#: the last compiled kernel launched (for resource and SASS inspection by benchmarks/gpu_check.py --sass)
+LAST: dict[str, object] = {}
+
+
 def gather_cols(x2: torch.Tensor, p: Packed) -> torch.Tensor:
     """Activations in sorted-row order ``[M, KP]`` (zeros in padding rows): contiguous A tiles for the GEMM."""
     assert p.perm is not None
@@ -98,10 +102,13 @@ def lock_slots(n: int) -> int:
 
 
 def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = None,
-        lock: torch.Tensor | None = None) -> torch.Tensor:
-    """``x2 [M, K] @ W^T (+ bias)`` -> ``[M, N]`` in x2's dtype, with the tiles and split of ``cfg``."""
+        lock: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x2 [M, K] @ W^T (+ bias)`` -> ``[M, N]`` in x2's dtype, with the tiles and split of ``cfg``.
+
+    ``lock`` (int32 zeros, ``lock_slots(N)``) enables split-K; ``out`` a contiguous ``[M, N]`` to write into.
+    """
     m = x2.shape[0]
-    y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device)
+    y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device) if out is None else out
     if m == 0:
         return y
     use_dot = cfg.variant != "gemv"
@@ -111,7 +118,7 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
     grid_m, grid_n = triton.cdiv(m, cfg.block_m), triton.cdiv(p.n, cfg.block_n)
     split = cfg.split_k if lock is not None and grid_m * grid_n <= lock.numel() else 1
     part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
-    qmm_kernel[(grid_m, grid_n, split)](
+    LAST["qmm"] = qmm_kernel[(grid_m, grid_n, split)](
         x2, p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales,
         perm if perm is not None else p.qweight, bias if bias is not None else y, y, part,
         lock if lock is not None else p.qweight,

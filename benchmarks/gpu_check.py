@@ -1,0 +1,225 @@
+"""CUDA correctness sweep of the Triton kernels over every declared combination, plus a SASS report.
+
+    python3 benchmarks/gpu_check.py            # sweep: exits 1 on any failure
+    python3 benchmarks/gpu_check.py --sass     # registers, spills, shared memory, HGMMA/HMMA/vector-load counts
+
+Fresh random codes, scales, zeros and act-order per layer; the reference is float64 on the GPU from the
+generated canonical weight (no qlinear decoding). Outputs are poisoned with NaN first (every element must
+be written); each call runs twice (split-K must be deterministic) and the split-K counters must end at 0.
+Tolerance on |y - ref| / |ref|: float16 2e-3, bfloat16 1e-2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from qlinear import Scheme
+from qlinear.affine import AffineWeight
+from qlinear.kernels.triton_awq import AwqGEMMTritonLinear
+from qlinear.kernels.triton_gptq import TritonV2Linear
+
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+BITS = (2, 4, 8)
+GROUPS = (-1, 16, 32, 64, 128, 256, 1024)
+SHAPES = ((2048, 1536), (2144, 1000), (1056, 777), (4096, 512))  # K x N: K tails, odd and unaligned N
+M_VARIANT = ((1, "gemv"), (3, "gemv"), (16, "skinny"), (33, "gemm"), (128, "gemm"), (1024, "dense"))
+
+
+def random_affine(n: int, k: int, bits: int, group: int, sym: bool, desc: bool, gen: torch.Generator) -> AffineWeight:
+    gs = k if group == -1 else group
+    g = -(-k // gs)
+    codes = torch.randint(0, 1 << bits, (n, k), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(n, g, generator=gen) * 0.02 + 0.002).half().float()  # checkpoint scales are float16
+    if sym:
+        zeros = torch.full((n, g), 1 << (bits - 1), dtype=torch.int32)
+    else:
+        zeros = torch.randint(0, 1 << bits, (n, g), generator=gen, dtype=torch.int32)
+    g_idx = torch.arange(k, dtype=torch.int32) // gs
+    if desc:
+        g_idx = g_idx[torch.randperm(k, generator=gen)]
+    return AffineWeight(codes, scales, zeros, g_idx, bits, gs, sym)
+
+
+def reference(q: AffineWeight, dev: torch.device) -> torch.Tensor:
+    g = q.g_idx.long().to(dev)
+    s, z = q.scales.double().to(dev), q.zeros.double().to(dev)
+    return s[:, g] * (q.codes.double().to(dev) - z[:, g])
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def check_layer(layer: TritonV2Linear, q: AffineWeight, bias: torch.Tensor | None, dtype: torch.dtype,
+                gen: torch.Generator) -> list[tuple[int, str, float, str]]:
+    """Run every (M, variant) on one layer; returns (M, variant, error, problem-or-'')."""
+    dev = layer._rt_qweight.device
+    w64 = reference(q, dev)
+    out = []
+    for m, variant in M_VARIANT:
+        x = torch.randn(m, q.in_features, generator=gen).to(dev, dtype)
+        ref = x.double() @ w64.t() + (bias.double().to(dev) if bias is not None else 0)
+        cfg = layer.config_for(m, dev, variant)
+        if variant == "dense":
+            y1 = layer.matmul(x, config=cfg)
+            y2 = layer.matmul(x, config=cfg)
+        else:
+            from qlinear.kernels.triton.qmm import qmm
+
+            y1 = torch.full((m, q.out_features), float("nan"), dtype=dtype, device=dev)
+            y2 = torch.full_like(y1, float("nan"))
+            qmm(x, layer.packed(), cfg, layer.bias, layer._rt_lock, out=y1)
+            qmm(x, layer.packed(), cfg, layer.bias, layer._rt_lock, out=y2)
+        sync(dev)
+        err = float((y1.double() - ref).norm() / ref.norm())
+        problem = ""
+        if not bool(torch.isfinite(y1).all()):
+            problem = "unwritten/NaN outputs"
+        elif err > TOL[dtype]:
+            problem = f"error {err:.2e} > {TOL[dtype]:.0e}"
+        elif not torch.equal(y1, y2):
+            problem = "two runs differ (race?)"
+        elif int(layer._rt_lock.abs().sum()):
+            problem = "split-K counters not reset"
+        out.append((m, f"{variant}{'/split' + str(cfg.split_k) if cfg.split_k > 1 else ''}", err, problem))
+    return out
+
+
+def sweep(quick: bool, dev: torch.device, shapes: tuple[tuple[int, int], ...] = SHAPES,
+          awq_shape: tuple[int, int] = (2048, 1000)) -> int:
+    gen = torch.Generator().manual_seed(1234)
+    rows, failures, t0 = [], 0, time.time()
+    combos = [(b, g, s, d) for b in BITS for g in GROUPS for s in (True, False) for d in (False, True)]
+    if quick:
+        combos = combos[::3]
+    for i, (b, g, sym, desc) in enumerate(combos):
+        k, n = shapes[i % len(shapes)]
+        dtype = (torch.float16, torch.bfloat16)[i % 2]
+        q = random_affine(n, k, b, g, sym, desc, gen)
+        bias = torch.randn(n, generator=gen) * 0.1 if (i + 1) % 3 else None
+        scheme = Scheme(bits=b, group_size=g, in_features=k, out_features=n, sym=sym, desc_act=desc, format="gptq_v2")
+        layer = TritonV2Linear(scheme, bias=bias is not None, dtype=dtype)
+        layer.load_affine(q, bias)
+        layer = layer.to(dev)
+        layer.prepare()
+        for m, v, err, problem in check_layer(layer, q, layer.bias, dtype, gen):
+            failures += bool(problem)
+            rows.append((f"gptq {b}b g{g} {'sym' if sym else 'asym'}{' act' if desc else ''} "
+                         f"{str(dtype)[6:]} {k}x{n}", m, v, err, problem))
+    for g, sym in ((128, False), (32, True), (-1, False), (64, True)):
+        k, n = awq_shape
+        q = random_affine(n, k, 4, g, sym, False, gen)
+        scheme = Scheme(bits=4, group_size=g, in_features=k, out_features=n, sym=sym, method="awq", format="gemm")
+        layer = AwqGEMMTritonLinear(scheme, dtype=torch.float16)
+        layer.load_affine(q)
+        layer = layer.to(dev)
+        layer.prepare()
+        for m, v, err, problem in check_layer(layer, q, None, torch.float16, gen):
+            failures += bool(problem)
+            rows.append((f"awq 4b g{g} {'sym' if sym else 'asym'} float16 {k}x{n}", m, v, err, problem))
+    print("| layer | M | variant | rel err | result |\n| --- | --- | --- | --- | --- |")
+    for name, m, v, err, problem in rows:
+        print(f"| {name} | {m} | {v} | {err:.2e} | {problem or 'ok'} |")
+    print(f"\n{len(rows)} checks, {failures} failed, {time.time() - t0:.0f} s")
+    return 1 if failures else 0
+
+
+SASS_OPS = ("HGMMA", "HMMA", "LDGSTS", "LDG", "LDG.128", "LDS", "STS", "BAR", "ATOMG", "RED", "FFMA", "FADD",
+            "FMUL", "HFMA2", "LOP3", "SHF", "PRMT", "I2F", "F2F", "LDL", "STL")
+OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def sass_counts(sass: str) -> list[int]:
+    """Instructions per base opcode (``LDG.128``: 16-byte global loads) in a SASS listing."""
+    ops = OPCODE.findall(sass)
+    base = [o.split(".")[0] for o in ops]
+    out = []
+    for name in SASS_OPS:
+        if name == "LDG.128":
+            out.append(sum(1 for o in ops if o.startswith("LDG") and ".128" in o))
+        else:
+            out.append(base.count(name))
+    return out
+
+
+def sass_report() -> int:
+    """Compile each variant on a 4-bit g128 4096x4096 layer and report what the compiler produced."""
+    from qlinear.kernels.triton.qmm import LAST
+
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(7)
+    q = random_affine(4096, 4096, 4, 128, True, False, gen)
+    layer = TritonV2Linear(Scheme(bits=4, group_size=128, in_features=4096, out_features=4096), dtype=torch.bfloat16)
+    layer.load_affine(q)
+    layer = layer.to(dev)
+    layer.prepare()
+    print("| kernel | config | regs | spills | smem B | " + " | ".join(SASS_OPS) + " |")
+    print("| --- " * (5 + len(SASS_OPS)) + "|")
+    for m, variant in ((1, "gemv"), (16, "skinny"), (128, "gemm"), (1024, "dense")):
+        x = torch.randn(m, 4096, device=dev, dtype=torch.bfloat16)
+        cfg = layer.config_for(m, dev, variant)
+        layer.matmul(x, config=cfg)
+        torch.cuda.synchronize()
+        kern = LAST["dequant" if variant == "dense" else "qmm"]
+        try:
+            sass = kern.asm["sass"]
+        except Exception as err:  # cuobjdump missing: say so, keep the resource numbers
+            sass = ""
+            print(f"(no SASS for {variant}: {err})")
+        counts = sass_counts(sass)
+        ptx = kern.asm.get("ptx", "")
+        wgmma = "wgmma" in ptx
+        print(f"| {variant}{' (wgmma in PTX)' if wgmma else ''} | {cfg.block_m}x{cfg.block_n}x{cfg.block_k} "
+              f"s{cfg.split_k} w{cfg.num_warps} st{cfg.num_stages} | {kern.n_regs} | {kern.n_spills} | "
+              f"{kern.metadata.shared} | " + " | ".join(map(str, counts)) + " |")
+    return 0
+
+
+def patch_interpreter_bf16_dot() -> None:
+    """Triton's interpreter multiplies bfloat16 bit patterns as integers in tl.dot: feed it float32."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter as it
+
+    original = it.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, *args):  # type: ignore[no-untyped-def]
+        def f32(h):  # type: ignore[no-untyped-def]
+            if h.dtype.scalar == tl.bfloat16:
+                return it.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+            return h
+
+        return original(self, f32(a), f32(b), d, *args)
+
+    it.InterpreterBuilder.create_dot = create_dot
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sass", action="store_true", help="report compiled resources and SASS instruction counts")
+    ap.add_argument("--quick", action="store_true", help="a third of the combinations")
+    ap.add_argument("--interpret-smoke", action="store_true",
+                    help="tiny shapes on CPU under TRITON_INTERPRET=1 (checks this script, not the GPU)")
+    args = ap.parse_args()
+    if args.interpret_smoke:
+        patch_interpreter_bf16_dot()
+        return sweep(True, torch.device("cpu"), ((192, 40), (160, 37)), (128, 40))
+    if not torch.cuda.is_available():
+        print("no CUDA device: this script checks the GPU kernels")
+        return 2
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton "
+          f"{__import__('triton').__version__}")
+    return sass_report() if args.sass else sweep(args.quick, torch.device("cuda"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""GGUF layers in plain torch: ``GGUFTorchLinear`` runs native GGML block bytes on any device.
+
+The checkpoint buffer is ``qweight`` uint8 ``[N, ceil(K/B) * T]`` (formats.md 2.14) and the GGML type comes
+from ``Scheme.qtype`` (a ``GGMLType``, never an integer mode). Each forward decodes output-row tiles of about
+``TILE_ELEMENTS`` values with the codecs of ``layouts/gguf`` and multiplies them; nothing dense is kept
+between forwards. ``GGUFQuantLinear`` holds the buffers, loading and tile decoding that other GGUF kernels
+(Triton, ggml bridge) share; a subclass lists the types it runs in ``qtypes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from ..affine import AffineWeight
+from ..caps import Problem
+from ..enums import BACKEND, FORMAT
+from ..layouts import gguf
+from ..spec import Scheme
+from ..target import Target
+from .base import QuantLinear
+from .planned.gguf import GGUFTorchLinear as _Declared
+
+#: Largest decoded tile (values). 2**22 float32 = 16 MiB: big enough for full-speed GEMMs on CPU.
+TILE_ELEMENTS = 1 << 22
+
+
+def _qtypes_for_bits(bits: frozenset[int]) -> frozenset[gguf.GGMLType]:
+    return frozenset(t for t, info in gguf.TYPES.items() if info.bits in bits)
+
+
+class GGUFQuantLinear(QuantLinear):
+    """Base for kernels whose checkpoint is native GGML blocks; decoding helpers work on output-row tiles."""
+
+    raw_packing: ClassVar[bool] = False  # GGML blocks are not integer-affine codes: load bytes or floats
+    #: The GGML types this kernel runs (its declaration's ``bits`` are logical bits and cannot say it).
+    qtypes: ClassVar[frozenset[gguf.GGMLType]] = frozenset()
+
+    @classmethod
+    def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
+        s = problem.scheme
+        out = cls.runtime_target_reasons(target)
+        if s.format is not FORMAT.GGUF:
+            return out
+        if s.qtype is None:
+            return [*out, "GGUF scheme names no qtype (Scheme(qtype='Q4_K', ...)): logical bits do not identify "
+                          "a GGML block type"]
+        if gguf.ggml_type(s.qtype) not in cls.qtypes:
+            runs = ", ".join(t.name for t in sorted(cls.qtypes))
+            out.append(f"qtype {s.qtype} not run by this kernel (runs {runs})")
+        return out
+
+    def __init__(self, scheme: Scheme, bias: bool = False, dtype: torch.dtype = torch.float16,
+                 qtype: str | int | gguf.GGMLType | None = None) -> None:
+        if qtype is not None:
+            scheme = replace(scheme, qtype=gguf.ggml_type(qtype).name)
+        if scheme.qtype is None:
+            raise ValueError(f"{type(self).__name__}: a GGUF layer needs its GGML type (qtype=... or Scheme.qtype)")
+        super().__init__(scheme, bias=bias, dtype=dtype)
+
+    @property
+    def qtype(self) -> gguf.GGMLType:
+        return gguf.ggml_type(self.scheme.qtype)
+
+    @property
+    def type_info(self) -> gguf.TypeInfo:
+        return gguf.TYPES[self.qtype]
+
+    def extra_repr(self) -> str:
+        s = self.scheme
+        return (f"in_features={s.in_features}, out_features={s.out_features}, qtype={self.qtype.name}, "
+                f"bits={s.bits}, format={s.format.value}, backend={self.backend.value}")
+
+    # ---------------------------------------------------------------- buffers and loading
+    def register_checkpoint_buffers(self, bias: bool) -> None:
+        row = self.type_info.row_bytes(self.in_features)
+        self.register_buffer("qweight", torch.zeros(self.out_features, row, dtype=torch.uint8))
+        self.register_buffer("bias", torch.zeros(self.out_features, dtype=torch.float32) if bias else None)
+
+    def checkpoint_tensors(self) -> list[torch.Tensor | None]:
+        return [self.qweight, self.bias]
+
+    def load_blocks(self, qweight: torch.Tensor | np.ndarray, bias: torch.Tensor | np.ndarray | None = None,
+                    share: bool = False) -> None:
+        """Take GGML bytes ``uint8 [N, ceil(K/B)*T]`` (a tensor, or a numpy / memory-mapped view). ``share``
+        adopts the given CPU tensor as the buffer instead of copying it (a memory-mapped file stays mapped)."""
+        t = torch.from_numpy(np.ascontiguousarray(qweight)) if isinstance(qweight, np.ndarray) else qweight
+        want = tuple(self.qweight.shape)
+        if t.dtype not in (torch.uint8, torch.int8) or tuple(t.shape) != want:
+            raise ValueError(f"qweight ({self.qtype.name}): expected uint8 {list(want)} "
+                             f"([out_features, ceil(in_features/{self.type_info.block_size})*"
+                             f"{self.type_info.type_size}]), got {str(t.dtype).removeprefix('torch.')} "
+                             f"{list(t.shape)}")
+        b = None
+        if bias is not None:
+            b = torch.as_tensor(np.asarray(bias) if isinstance(bias, np.ndarray) else bias)
+            if self.bias is None:
+                raise ValueError("bias given but the layer was built without one (bias=False)")
+            if tuple(b.shape) != (self.out_features,):
+                raise ValueError(f"bias: expected shape [{self.out_features}], got {list(b.shape)}")
+        with torch.no_grad():
+            t = t.view(torch.uint8)
+            if share and t.device == self.qweight.device and t.is_contiguous():
+                self.qweight = t
+            else:
+                self.qweight.copy_(t)
+            if b is not None:
+                self.bias.copy_(b.detach().to(torch.float32))
+        self._runtime_key = None
+
+    def load_float(self, weight: torch.Tensor | np.ndarray, bias: torch.Tensor | None = None) -> None:
+        """Quantize a float weight ``[N, K]`` with qlinear's ggml-exact encoder and load the bytes."""
+        w = weight.detach().cpu().float().numpy() if isinstance(weight, torch.Tensor) else np.asarray(weight)
+        if w.shape != (self.out_features, self.in_features):
+            raise ValueError(f"weight: expected shape [{self.out_features}, {self.in_features}], got {list(w.shape)}")
+        self.load_blocks(gguf.quantize(w, self.qtype), bias)
+
+    def load_affine(self, q: AffineWeight, bias: torch.Tensor | None = None) -> None:
+        raise NotImplementedError(f"{type(self).__name__}: GGML blocks are not integer-affine codes; load the file's "
+                                  "bytes with load_blocks() or quantize floats with load_float()")
+
+    def affine(self) -> AffineWeight:
+        raise NotImplementedError(f"{self.qtype.name} blocks have no integer-affine form; use dequantize()")
+
+    # ---------------------------------------------------------------- decoding
+    def decode_rows(self, n0: int, n1: int) -> torch.Tensor:
+        """Float32 weight rows ``n0:n1`` (output channels), ``[n1 - n0, in_features]``."""
+        return gguf.dequantize(self.qweight[n0:n1], self.qtype, self.in_features)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.decode_rows(0, self.out_features).to(dtype)
+
+    def tile_rows(self) -> int:
+        """Output rows decoded per tile: about TILE_ELEMENTS values, at least one."""
+        padded = self.type_info.blocks_per_row(self.in_features) * self.type_info.block_size
+        return max(1, min(self.out_features, TILE_ELEMENTS // padded))
+
+    def check_input(self, x: torch.Tensor) -> None:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"input: expected last dimension {self.in_features} (in_features), "
+                             f"got shape {tuple(x.shape)}")
+        if x.dtype not in self.caps.dtypes:
+            raise ValueError(f"input: dtype {x.dtype} not supported; expected float16, bfloat16 or float32")
+
+
+class GGUFTorchLinear(GGUFQuantLinear):
+    """Native GGML blocks of every quantized type qlinear decodes, decoded tile by tile in each forward."""
+
+    backend = BACKEND.GGUF_TORCH
+    caps = _Declared.caps
+    qtypes = _qtypes_for_bits(_Declared.caps.bits)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        self.ensure_prepared()
+        x2 = x.reshape(-1, self.in_features)
+        step = self.tile_rows()
+        parts = [x2 @ self.decode_rows(n0, min(self.out_features, n0 + step)).to(x.dtype).t()
+                 for n0 in range(0, self.out_features, step)]
+        y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+KERNELS = (GGUFTorchLinear,)

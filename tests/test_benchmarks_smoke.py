@@ -1,0 +1,39 @@
+"""Smoke tests for the benchmark scripts: tiny shapes, a couple of repetitions, the report's shape only."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_linear_quick_table() -> None:
+    threads = torch.get_num_threads()
+    try:
+        text = load("cpu_linear").main(["--quick", "--shapes", "256x128", "--ms", "1,3", "--reps", "2"])
+    finally:
+        torch.set_num_threads(threads)
+    for needle in ("command: python benchmarks/cpu_linear.py --quick", "| dense bf16 |", "| TorchLinear |",
+                   "| TorchAtenLinear |", "| TorchInt8Linear (8-bit) |", "| AUTO = ", "Targets:"):
+        assert needle in text, needle
+
+
+def test_cpu_linear_crossover() -> None:
+    threads = torch.get_num_threads()
+    try:
+        text = load("cpu_linear").main(["--crossover", "--shapes", "256x128", "--ms", "1,40", "--reps", "2"])
+    finally:
+        torch.set_num_threads(threads)
+    assert "| 256x128 | 40 |" in text and "INT4PACK_MAX_M = " in text and "INT8PACK_MAX_M = " in text
