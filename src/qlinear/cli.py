@@ -1,4 +1,4 @@
-"""``qlinear`` on the command line: ``backends``, ``explain`` and ``demo``."""
+"""``qlinear`` on the command line: ``backends``, ``explain``, ``demo``, ``inspect`` and ``convert``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from .caps import KNOWN_ARCHS, Problem, caps_table_row
+from .cli_checkpoint import add_checkpoint_commands
 from .enums import BACKEND, FORMAT
 from .kernels.registry import all_kernels
 from .select import explain, parse_dtype
@@ -135,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="quantize MiniLM-L6 and run it through qlinear kernels")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the demo (see qlinear demo -- -h)")
     p.set_defaults(func=cmd_demo)
+    add_checkpoint_commands(sub)
     return parser
 
 

@@ -24,8 +24,11 @@ from ..target import Target
 from .base import QuantLinear
 from .planned.gguf import GGUFTorchLinear as _Declared
 
-#: Largest decoded tile (values). 2**22 float32 = 16 MiB: big enough for full-speed GEMMs on CPU.
-TILE_ELEMENTS = 1 << 22
+#: Largest decoded tile (values) on CPU: 2**18 float32 = 1 MiB. Measured at M=1 on a 4096x4096 layer (one
+#: thread): 2**15..2**17 tiles pay torch's per-op overhead, 2**20 and up gain nothing more.
+TILE_ELEMENTS = 1 << 18
+#: On accelerators each op is a kernel launch, so tiles are large: 2**24 float32 = 64 MiB within one forward.
+TILE_ELEMENTS_DEVICE = 1 << 24
 
 
 def _qtypes_for_bits(bits: frozenset[int]) -> frozenset[gguf.GGMLType]:
@@ -134,9 +137,10 @@ class GGUFQuantLinear(QuantLinear):
         return self.decode_rows(0, self.out_features).to(dtype)
 
     def tile_rows(self) -> int:
-        """Output rows decoded per tile: about TILE_ELEMENTS values, at least one."""
+        """Output rows decoded per tile: about TILE_ELEMENTS (CPU) or TILE_ELEMENTS_DEVICE values, at least one."""
         padded = self.type_info.blocks_per_row(self.in_features) * self.type_info.block_size
-        return max(1, min(self.out_features, TILE_ELEMENTS // padded))
+        budget = TILE_ELEMENTS if self.qweight.device.type == "cpu" else TILE_ELEMENTS_DEVICE
+        return max(1, min(self.out_features, budget // padded))
 
     def check_input(self, x: torch.Tensor) -> None:
         if x.shape[-1] != self.in_features:
@@ -156,14 +160,17 @@ class GGUFTorchLinear(GGUFQuantLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         self.ensure_prepared()
-        x2 = x.reshape(-1, self.in_features)
+        # On CPU the tiles multiply in float32 (the exact decode; faster there than casting every tile to
+        # bf16/fp16), elsewhere in the activation dtype.
+        work = torch.float32 if x.device.type == "cpu" else x.dtype
+        x2 = x.reshape(-1, self.in_features).to(work)
         step = self.tile_rows()
-        parts = [x2 @ self.decode_rows(n0, min(self.out_features, n0 + step)).to(x.dtype).t()
+        parts = [x2 @ self.decode_rows(n0, min(self.out_features, n0 + step)).to(work).t()
                  for n0 in range(0, self.out_features, step)]
         y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
         if self.bias is not None:
-            y = y + self.bias.to(x.dtype)
-        return y.reshape(*x.shape[:-1], self.out_features)
+            y = y + self.bias.to(work)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
 KERNELS = (GGUFTorchLinear,)

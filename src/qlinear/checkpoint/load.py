@@ -1,0 +1,124 @@
+"""Load a checkpoint's quantized modules as ready qlinear layers (and GGUF files through their reader).
+
+Each module goes through the selector on its own (shapes differ, so kernels may too), its checkpoint
+tensors are loaded into the kernel's buffers with strict key checking, then ``prepare()`` runs.
+Nothing from the checkpoint is executed: only safetensors headers and raw bytes are read.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from ..caps import Problem
+from ..enums import BACKEND, FORMAT
+from ..kernels.base import QuantLinear
+from ..layouts.bitpack import unpack_bits
+from ..select import NoKernelError, select
+from ..spec import Scheme
+from ..target import Target
+from .plan import CheckpointPlan, ModulePlan, plan_checkpoint
+from .safetensors_io import CheckpointError, read_tensor
+
+
+def build_layer(name: str, scheme: Scheme, tensors: Mapping[str, torch.Tensor], target: Target,
+                dtype: torch.dtype = torch.float16, backend: BACKEND | str = BACKEND.AUTO) -> QuantLinear:
+    """A prepared layer for one module's checkpoint tensors (names as in the checkpoint, without the prefix)."""
+    try:
+        choice = select(Problem(scheme, dtype), target, backend)
+    except NoKernelError as err:
+        raise CheckpointError(f"{name}: {err}") from err
+    layer = choice.kernel(scheme, bias="bias" in tensors, dtype=dtype)
+    state = dict(tensors)
+    if "bias" in state:
+        want = state["scales"].dtype if scheme.format is FORMAT.GEMM else layer.bias.dtype
+        cast = state["bias"].to(want)
+        if not torch.equal(cast.double(), state["bias"].double()):
+            raise CheckpointError(f"{name}.bias: {state['bias'].dtype} values are not exactly representable in "
+                                  f"{want}, the dtype this layout keeps its bias in")
+        state["bias"] = cast
+    try:
+        layer.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        raise CheckpointError(f"{name}: {err}") from None
+    layer = layer.to(target.devices[0].torch_device)
+    try:
+        layer.prepare()
+    except ValueError as err:  # content a kernel cannot take that its declaration could not see (e.g. g_idx)
+        raise CheckpointError(f"{name}: {choice.kernel.__name__} ({choice.backend.value}) cannot prepare this "
+                              f"module: {err}; name another backend") from None
+    layer.choice = choice
+    return layer
+
+
+def gptqmodel_v1_to_v2(qzeros: torch.Tensor, bits: int) -> torch.Tensor:
+    """v1 -> v2 zero points as GPTQModel converts them: add a 1 to every field of the word, carries included.
+
+    GPTQModel writes v1 by subtracting the same constant word-wide, so a true zero point of 0 borrows
+    from its neighbouring field; only this inverse reads such words back as GPTQModel itself does.
+    """
+    w = torch.iinfo(qzeros.dtype).bits
+    one_per_field = sum(1 << (bits * j) for j in range(w // bits))
+    if w == 64:  # int64 addition wraps modulo 2^64, which is the word arithmetic wanted
+        return qzeros + one_per_field
+    words = (qzeros.to(torch.int64) + one_per_field) & ((1 << w) - 1)
+    return torch.where(words >= 1 << (w - 1), words - (1 << w), words).to(qzeros.dtype)
+
+
+def read_module(mp: ModulePlan) -> tuple[dict[str, torch.Tensor], Scheme]:
+    """A module's checkpoint tensors and scheme, with GPTQModel-style v1 words re-read where it matters.
+
+    A 2/4/8-bit v1 (``gptq``) field equal to ``maxq`` exists only where a zero point of 0 was written
+    (GPTQModel borrows from the next field; a per-field reader would then misread that neighbour).
+    Such a module is decoded as GPTQModel decodes it and kept as ``gptq_v2`` (true zeros), with a
+    warning; every other module is returned exactly as stored.
+    """
+    tensors = {leaf: read_tensor(info) for leaf, info in mp.tensors.items()}
+    s = mp.scheme
+    if s.format is FORMAT.GPTQ and s.bits in (2, 4, 8):
+        fields = unpack_bits(tensors["qzeros"], s.bits, s.out_features, dim=1, name="qzeros")
+        if bool((fields == s.maxq).any()):
+            warnings.warn(f"{mp.name}.qzeros: v1 zero-point fields equal to {s.maxq} (a zero point of 0, written "
+                          "with GPTQModel's word-wide borrow); decoded as GPTQModel does and kept as gptq_v2",
+                          stacklevel=3)
+            tensors["qzeros"] = gptqmodel_v1_to_v2(tensors["qzeros"], s.bits)
+            s = s.with_format(FORMAT.GPTQ_V2)
+    return tensors, s
+
+
+def load_plan(plan: CheckpointPlan, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float16,
+              backend: BACKEND | str = BACKEND.AUTO) -> dict[str, QuantLinear]:
+    """Build every quantized module of an already checked plan."""
+    target = Target.here(device)
+    layers = {}
+    for name, mp in plan.modules.items():
+        tensors, scheme = read_module(mp)
+        layers[name] = build_layer(name, scheme, tensors, target, dtype, backend)
+    return layers
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float16,
+                    backend: BACKEND | str = BACKEND.AUTO) -> dict[str, QuantLinear]:
+    """Every quantized module of a checkpoint, by its name in the checkpoint, as a prepared layer.
+
+    ``path``: a Hugging Face style directory (config.json and/or quantize_config.json plus one
+    ``*.safetensors`` file or shards with ``model.safetensors.index.json``), a single ``.safetensors``
+    file (config read from its directory) or a ``.gguf`` file. ``dtype`` is the activation dtype the
+    kernels are chosen for. Raises ``CheckpointError`` (a ``ValueError``) naming the file, module and
+    tensor for anything that does not fit; pickle files (.bin, .pt) are refused, never unpickled.
+    """
+    path = Path(path)
+    if path.suffix.lower() == ".gguf":
+        return load_gguf(path, device=device, dtype=dtype, backend=backend)
+    return load_plan(plan_checkpoint(path), device, dtype, backend)
+
+
+def load_gguf(path: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float16,
+              backend: BACKEND | str = BACKEND.AUTO) -> dict[str, QuantLinear]:
+    """GGUF files through ``qlinear.gguf_file`` (needs the ``gguf`` package: ``pip install 'qlinear[gguf]'``)."""
+    from .gguf import load_gguf_layers
+
+    return load_gguf_layers(path, device=device, dtype=dtype, backend=backend)

@@ -1,0 +1,265 @@
+"""Read a checkpoint's structure from its config and safetensors headers alone, before any tensor data.
+
+A plan says which modules are quantized, each one's resolved ``Scheme`` (shape taken from the
+tensors, numbers from the config, GPTQModel ``dynamic`` overrides applied) and where every tensor
+lives. All structural problems (missing or extra tensors, shapes or dtypes that disagree with the
+config, unknown methods, unsupported formats) are found here and reported together, each naming
+the module and the tensor; loading, inspecting and converting all start from a plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..enums import FORMAT, METHOD
+from ..layouts import awq, gptq
+from ..spec import ConfigError, QuantizeConfig, Scheme
+from .safetensors_io import CheckpointError, TensorInfo, read_header
+
+#: Formats whose safetensors checkpoints qlinear reads, per method.
+READABLE: Mapping[METHOD, tuple[FORMAT, ...]] = {METHOD.GPTQ: gptq.GPTQ_LAYOUT_FORMATS,
+                                                 METHOD.AWQ: awq.AWQ_LAYOUT_FORMATS}
+#: Leaf names that mark a module as quantized (``scales`` alone does not: plenty of float modules have one).
+MARKERS = frozenset({"qweight", "qzeros", "g_idx", "scaled_zeros"})
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+CONFIG_FILES = ("quantize_config.json", "quant_config.json")
+
+
+@dataclass(frozen=True)
+class ModulePlan:
+    """One quantized module: its scheme and its tensors (leaf name -> where it lives)."""
+
+    name: str
+    scheme: Scheme
+    tensors: Mapping[str, TensorInfo]
+
+    @property
+    def has_bias(self) -> bool:
+        return "bias" in self.tensors
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """A checkpoint directory's structure: config, quantized modules and every other tensor."""
+
+    root: Path
+    files: tuple[Path, ...]
+    config: QuantizeConfig
+    config_source: str
+    quant_config: Mapping[str, Any]  # the quantization config as written
+    model_config: Mapping[str, Any] | None  # config.json without quantization_config
+    modules: Mapping[str, ModulePlan]
+    other: Mapping[str, TensorInfo]
+
+
+def _refuse_pickle(p: Path) -> CheckpointError:
+    return CheckpointError(f"{p}: refused: {p.suffix} checkpoints are Python pickles, and loading one can run "
+                           "arbitrary code from the file; qlinear reads safetensors only (convert it once, in an "
+                           "environment you trust, with safetensors.torch.save_file)")
+
+
+def _read_json(p: Path) -> Any:
+    try:
+        return json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{p}: cannot read JSON ({err})") from None
+
+
+def find_tensors(path: Path) -> tuple[Path, tuple[Path, ...], dict[str, TensorInfo]]:
+    """The checkpoint's root directory, its safetensors files and every tensor they list (index-aware)."""
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file or directory")
+    if path.is_file():
+        if path.suffix in PICKLE_SUFFIXES:
+            raise _refuse_pickle(path)
+        if path.suffix.lower() == ".gguf":
+            raise CheckpointError(f"{path}: GGUF files load with load_checkpoint() and show with inspect, but their "
+                                  "blocks are not integer-affine weights: no conversion to other formats")
+        if path.suffix != ".safetensors":
+            raise CheckpointError(f"{path}: not a .safetensors file or a checkpoint directory")
+        root, files, index = path.parent, (path,), None
+    else:
+        root = path
+        indexes = sorted(path.glob("*.safetensors.index.json"))
+        preferred = [p for p in indexes if p.name == "model.safetensors.index.json"]
+        index = (preferred or indexes or [None])[0]
+        if index is not None:
+            weight_map = _read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise CheckpointError(f"{index}: no weight_map object")
+            files = tuple(sorted({path / f for f in weight_map.values()}))
+            for f in files:
+                if not f.is_file():
+                    names = sorted(k for k, v in weight_map.items() if path / v == f)
+                    raise CheckpointError(f"{index}: shard {f.name} is missing; it should hold {len(names)} tensors "
+                                          f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})")
+        elif (path / "model.safetensors").is_file():
+            files = (path / "model.safetensors",)
+        else:
+            files = tuple(sorted(path.glob("*.safetensors")))
+        if not files:
+            pickles = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+            if pickles:
+                raise _refuse_pickle(pickles[0])
+            raise CheckpointError(f"{path}: no .safetensors files in this directory")
+    tensors: dict[str, TensorInfo] = {}
+    for f in files:
+        header, _ = read_header(f)
+        for name, info in header.items():
+            if name in tensors:
+                raise CheckpointError(f"{name}: in both {tensors[name].file.name} and {f.name}")
+            tensors[name] = info
+    if index is not None:
+        for name, fname in weight_map.items():
+            if name not in tensors or tensors[name].file != path / fname:
+                raise CheckpointError(f"{index}: tensor {name!r} is mapped to {fname} but that file does not hold it")
+        tensors = {k: v for k, v in tensors.items() if k in weight_map}
+    return root, files, tensors
+
+
+def read_config(root: Path) -> tuple[QuantizeConfig, str, dict[str, Any], dict[str, Any] | None]:
+    """The quantization config (quantize_config.json first, then config.json's quantization_config)."""
+    model_config = _read_json(root / "config.json") if (root / "config.json").is_file() else None
+    if model_config is not None and not isinstance(model_config, dict):
+        raise CheckpointError(f"{root / 'config.json'}: expected a JSON object")
+    raw, source = None, ""
+    for name in CONFIG_FILES:
+        if (root / name).is_file():
+            raw, source = _read_json(root / name), name
+            break
+    if raw is None and model_config is not None and "quantization_config" in model_config:
+        raw, source = model_config["quantization_config"], "config.json quantization_config"
+    if raw is None:
+        raise CheckpointError(f"{root}: no quantization config: neither {' nor '.join(CONFIG_FILES)} nor a "
+                              "quantization_config in config.json (is this a quantized checkpoint?)")
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{root}/{source}: expected a JSON object, got {type(raw).__name__}")
+    method = raw.get("quant_method")
+    if method is not None:
+        try:
+            method = METHOD(method)
+        except ValueError:
+            raise CheckpointError(f"{root}/{source}: unknown quant_method {raw['quant_method']!r}; qlinear knows "
+                                  f"{', '.join(m.value for m in METHOD)}") from None
+        if method not in READABLE:
+            raise CheckpointError(f"{root}/{source}: unsupported format: quant_method {method.value!r} checkpoints "
+                                  f"are not read yet; qlinear reads {_readable()}")
+    try:
+        config = QuantizeConfig.from_hf_config(raw)
+    except (ConfigError, ValueError) as err:
+        raise CheckpointError(f"{root}/{source}: {err}") from None
+    if config.checkpoint_format not in READABLE.get(config.method, ()):
+        raise CheckpointError(f"{root}/{source}: unsupported format: {config.method.value} checkpoint_format "
+                              f"{config.checkpoint_format.value!r}; qlinear reads {_readable()}")
+    base = None if model_config is None else {k: v for k, v in model_config.items() if k != "quantization_config"}
+    return config, source, raw, base
+
+
+def _readable() -> str:
+    return "; ".join(f"{m.value}: {', '.join(f.value for f in fs)}" for m, fs in READABLE.items())
+
+
+def module_config(config: QuantizeConfig, name: str) -> QuantizeConfig | None:
+    """``config`` with GPTQModel's ``dynamic`` rule for ``name`` applied (first match wins; ``-:`` = not quantized)."""
+    for pattern, override in (config.extra.get("dynamic") or {}).items():
+        raw = pattern[2:] if pattern.startswith(("-:", "+:")) else pattern
+        if not re.match(raw, name):
+            continue
+        if pattern.startswith("-:"):
+            return None
+        fields = {k: override[k] for k in ("bits", "group_size", "sym", "desc_act") if k in (override or {})}
+        try:
+            return dataclasses.replace(config, **fields)
+        except (ConfigError, ValueError) as err:
+            raise CheckpointError(f"{name}: dynamic rule {pattern!r}: {err}") from None
+    return config
+
+
+def _dim(info: TensorInfo, rank: int, axis: int, what: str) -> int:
+    if len(info.shape) != rank:
+        raise CheckpointError(f"{info.name}: expected a {rank}-D tensor {what}, found {info.describe()}")
+    return info.shape[axis]
+
+
+def _infer_shape(fmt: FORMAT, t: Mapping[str, TensorInfo]) -> tuple[int, int]:
+    """(in_features, out_features) read off the tensors that carry them without ambiguity."""
+    if fmt in gptq.GPTQ_LAYOUT_FORMATS:
+        return _dim(t["g_idx"], 1, 0, "[in_features]"), _dim(t["scales"], 2, 1, "[groups, out_features]")
+    if fmt is FORMAT.GEMM:
+        return _dim(t["qweight"], 2, 0, "[in_features, packed]"), _dim(t["scales"], 2, 1, "[groups, out_features]")
+    if fmt is FORMAT.GEMV:
+        return 8 * _dim(t["qweight"], 2, 1, "[out_features, in_features/8]"), _dim(t["qweight"], 2, 0, "")
+    return _dim(t["qweight"], 2, 1, "[out_features/4, in_features]"), _dim(t["scales"], 2, 1, "[rows, out_features]")
+
+
+def _required(config: QuantizeConfig) -> tuple[str, ...]:
+    if config.method is METHOD.GPTQ:
+        return ("qweight", "qzeros", "scales", "g_idx")
+    return ("qweight", awq.zeros_name(config.checkpoint_format), "scales")
+
+
+def plan_module(name: str, leaves: Mapping[str, TensorInfo], config: QuantizeConfig, source: str) -> ModulePlan:
+    """Resolve and check one quantized module; raises listing every problem, each naming the tensor."""
+    fmt, need = config.checkpoint_format, _required(config)
+    what = f"a {config.method.value} {fmt.value} module needs {', '.join(need)} (+ optional bias)"
+    errors = [f"{name}.{leaf}: missing ({what})" for leaf in need if leaf not in leaves]
+    errors += [f"{name}.{leaf}: unexpected tensor in a quantized module ({what})"
+               for leaf in sorted(leaves) if leaf not in need and leaf != "bias"]
+    if errors:
+        raise CheckpointError("\n".join(errors))
+    k, n = _infer_shape(fmt, leaves)
+    try:
+        scheme = config.scheme(k, n)
+        shapes = (gptq if config.method is METHOD.GPTQ else awq).checkpoint_shapes(scheme)
+    except (ConfigError, ValueError) as err:
+        raise CheckpointError(f"{name}: in_features {k}, out_features {n} (from the tensors) with the config in "
+                              f"{source}: {err}") from None
+    desc = (f"{fmt.value} {scheme.bits}-bit group_size {config.group_size} pack_dtype "
+            f"{str(scheme.pack_dtype).removeprefix('torch.')} in_features {k} out_features {n}, from {source}")
+    for leaf, (shape, dtype) in shapes.items():
+        info = leaves[leaf]
+        ok = (dtype, torch.bfloat16) if leaf == "scales" and fmt is FORMAT.GEMM else (dtype,)
+        if info.shape != shape or info.dtype not in ok:
+            errors.append(f"{name}.{leaf}: found {info.describe()}, but the config says shape {list(shape)} "
+                          f"dtype {' or '.join(map(str, ok))} ({desc})")
+    bias = leaves.get("bias")
+    if bias is not None and (bias.shape != (n,) or bias.dtype is None or not bias.dtype.is_floating_point):
+        errors.append(f"{name}.bias: found {bias.describe()}, expected a floating tensor of shape [{n}]")
+    if errors:
+        raise CheckpointError("\n".join(errors))
+    return ModulePlan(name, scheme, dict(leaves))
+
+
+def plan_checkpoint(path: str | Path) -> CheckpointPlan:
+    """The structure of a safetensors checkpoint (file or directory); raises listing every problem found."""
+    root, files, tensors = find_tensors(Path(path))
+    config, source, raw, model_config = read_config(root)
+    groups: dict[str, dict[str, TensorInfo]] = {}
+    for full, info in tensors.items():
+        mod, _, leaf = full.rpartition(".")
+        groups.setdefault(mod, {})[leaf] = info
+    quantized = sorted(mod for mod, leaves in groups.items() if MARKERS & leaves.keys())
+    modules: dict[str, ModulePlan] = {}
+    errors: list[str] = []
+    for mod in quantized:
+        try:
+            cfg = module_config(config, mod)
+            if cfg is None:
+                raise CheckpointError(f"{mod}: holds quantized tensors but a '-:' dynamic rule in {source} says "
+                                      "it is not quantized")
+            modules[mod] = plan_module(mod, groups[mod], cfg, source)
+        except CheckpointError as err:
+            errors.append(str(err))
+    if errors:
+        raise CheckpointError(f"{root}: {len(errors)} quantized module(s) do not match the config:\n"
+                              + "\n".join(errors))
+    other = {k: v for k, v in tensors.items() if k.rpartition(".")[0] not in modules}
+    return CheckpointPlan(root, files, config, source, raw, model_config, modules, other)
