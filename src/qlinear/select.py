@@ -52,6 +52,9 @@ class Choice:
         group = "channelwise" if s.channelwise else f"g{s.group_size}"
         extra = "".join([" desc_act" if s.desc_act else "", " training" if p.training else "",
                          f" adapter={p.adapter}" if p.adapter else ""])
+        if s.qtype:
+            return (f"{s.format.value} {s.qtype} ({s.bits}-bit) in={s.in_features} out={s.out_features} "
+                    f"dtype={str(p.dtype).removeprefix('torch.')} on {self.target}; backend={self.requested.value}")
         return (f"{s.format.value} {s.bits}-bit {group} {'sym' if s.sym else 'asym'}{extra} "
                 f"pack={str(s.pack_dtype).removeprefix('torch.')} in={s.in_features} out={s.out_features} "
                 f"dtype={str(p.dtype).removeprefix('torch.')} on {self.target}; backend={self.requested.value}")

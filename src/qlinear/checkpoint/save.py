@@ -219,7 +219,6 @@ def save_checkpoint(layers_or_model: Mapping[str, QuantLinear] | nn.Module, out_
                             overwrite=overwrite)
 
 
-
 #: Files a checkpoint directory's weights and quantization config live in; everything else is carried over.
 _OWN_FILES = re.compile(r".*\.safetensors|.*\.safetensors\.index\.json|config\.json|quantize_config\.json|"
                         r"quant_config\.json|.*\.(bin|pt|pth|ckpt|pkl|pickle|gguf)")

@@ -84,7 +84,7 @@ class TritonQuantMixin:
                  release_checkpoint: bool = False) -> None:
         super().__init__(scheme, bias=bias, dtype=dtype)  # type: ignore[call-arg]
         self.release_on_prepare = release_checkpoint
-        self._rt_meta: tuple[int, int, int, int, int] | None = None
+        self._rt_meta: tuple[int, ...] | None = None
         for name in RUNTIME:
             self.register_buffer(name, None, persistent=False)
 
@@ -121,7 +121,7 @@ class TritonQuantMixin:
             self.register_buffer(f"_rt_{name}", None if t is None else t.to(device), persistent=False)
         self.register_buffer("_rt_lock", torch.zeros(lock_slots(p.n), dtype=torch.int32, device=device),
                              persistent=False)
-        self._rt_meta = (p.bits, p.k, p.n, p.group, p.zero_const)
+        self._rt_meta = p.meta()
         super().prepare()  # type: ignore[misc]
         if self.release_on_prepare:
             self.release_checkpoint()
@@ -150,8 +150,7 @@ class TritonQuantMixin:
 
         if self._rt_meta is None:
             raise RuntimeError(f"{type(self).__name__}: prepare() has not run")
-        bits, k, n, group, zc = self._rt_meta
-        return Packed(self._rt_qweight, self._rt_scales, self._rt_zeros, self._rt_perm, bits, k, n, group, zc)
+        return Packed(self._rt_qweight, self._rt_scales, self._rt_zeros, self._rt_perm, *self._rt_meta)
 
     # ------------------------------------------------------------------ forward
     def config_for(self, m: int, device: torch.device, variant: str | None = None) -> Any:
@@ -159,7 +158,7 @@ class TritonQuantMixin:
         from .triton.configs import choose, legal
 
         name, sms = device_facts(device.index or 0) if device.type == "cuda" else ("interpreter", 4)
-        bits, k, n, group, _ = self._rt_meta  # type: ignore[misc]
+        bits, k, n, group = self._rt_meta[:4]  # type: ignore[index]
         kp = self._rt_qweight.shape[0] * (32 // bits)
         return legal(choose(name, sms, m, n, k, bits, group, variant), m, kp, bits)
 

@@ -12,10 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import dequant3, group_params, load_words
+from .common import dequant3, group_params, load_words, tile_kpos
 from .configs import Config
 from .layout import Packed
-from .qmm import LAST
+from .qmm import LAST, one_group
 
 #: largest dense chunk (elements) one call materialises; wider layers are done in column chunks
 MAX_DENSE = 1 << 28
@@ -23,17 +23,17 @@ MAX_DENSE = 1 << 28
 
 @triton.jit
 def dequant_kernel(W, S, Z, PERM, OUT, N0, N1, K, KW, G, KP, NP, GS, stride_o,
-                   BITS: tl.constexpr, ZC: tl.constexpr, ONE_GROUP: tl.constexpr, HAS_Z: tl.constexpr,
-                   HAS_PERM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+                   BITS: tl.constexpr, R: tl.constexpr, ZC: tl.constexpr, ONE_GROUP: tl.constexpr,
+                   HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
     PF: tl.constexpr = 32 // BITS
     BKW: tl.constexpr = BLOCK_K // PF
-    kb = tl.program_id(0)
+    row0 = tl.program_id(0) * BKW
     offs_n = N0 + tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = kb * BKW + tl.arange(0, BKW)
+    rows = row0 + tl.arange(0, BKW)
     w = load_words(W, rows, offs_n, KW, NP, False, False)
-    s, z = group_params(S, Z, rows, kb, offs_n, KW, G, NP, GS, PF, BLOCK_K, BLOCK_N, ZC, HAS_Z, ONE_GROUP, False)
+    s, z = group_params(S, Z, rows, row0, offs_n, G, NP, GS, PF, R, BLOCK_N, ZC, HAS_Z, ONE_GROUP, False)
     t = tl.reshape(dequant3(w, s, z, BITS, PF).to(OUT.dtype.element_ty), (BLOCK_K, BLOCK_N))
-    kk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+    kk = tile_kpos(row0, BLOCK_K, BKW, R, PF)
     if HAS_PERM:  # noqa: SIM108 (constexpr branch)
         dest = tl.load(PERM + kk, mask=kk < KP, other=-1)
     else:
@@ -55,8 +55,8 @@ def dense_t(p: Packed, dtype: torch.dtype, cfg: Config | None = None, n0: int = 
     LAST["dequant"] = dequant_kernel[grid](
         p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales,
         p.perm if p.perm is not None else p.qweight, out, n0, n1, p.k, p.qweight.shape[0], p.scales.shape[0],
-        p.kp, p.np, p.group, out.stride(0), BITS=p.bits, ZC=p.zero_const, ONE_GROUP=p.group % block_k == 0,
-        HAS_Z=p.zeros is not None,
+        p.kp, p.np, p.group, out.stride(0), BITS=p.bits, R=p.rows_per_block, ZC=p.zero_const,
+        ONE_GROUP=one_group(p, block_k), HAS_Z=p.zeros is not None,
         HAS_PERM=p.perm is not None, BLOCK_K=block_k, BLOCK_N=block_n,
         num_warps=cfg.num_warps if cfg else 4, num_stages=1)
     return out

@@ -1,14 +1,18 @@
 """The quantized matmul body (``y = x @ W^T``) and its launcher: one kernel, two inner products.
 
 Grid ``(M tiles, N tiles, SPLIT_K)``; M tiles vary fastest so CTAs sharing a weight tile run together
-and the tile is read from HBM once. Each CTA walks its share of K in steps of ``BLOCK_K`` codes:
+and the tile is read from HBM once. Each CTA walks its share of K in steps of ``BLOCK_K`` codes
+(``BKW = BLOCK_K / PF`` word rows):
 
 * ``USE_DOT=False`` (variant ``gemv``, one row per program): per code field, ``(q - z) * x`` on CUDA
   cores (3 instructions per weight: LOP3, FFMA, FFMA), scaled once per word row per step. With
-  ``BLOCK_N = 128 * num_warps`` the words, scales and zeros all load in one layout (4 columns of every
-  row per thread: 16-byte word loads, in-thread reduction) and no layout conversion exists.
-* ``USE_DOT=True`` (``skinny``, ``gemm``): the step's words become a dequantized ``[BLOCK_K, BN]`` tile
-  in the activation dtype and feed ``tl.dot`` (wgmma on Hopper for 64/128-row tiles) with fp32 accumulators.
+  ``BLOCK_N`` a multiple of ``128 * num_warps`` the words, scales and zeros all load in one layout
+  (4-column vectors, every row of the step in each thread: in-thread reduction, no layout conversion),
+  and a field's activations for the step's rows are one contiguous vector (field-blocked words).
+* ``USE_DOT=True`` (``skinny``, ``gemm``): the words become a dequantized ``[PF, BKW, BN]`` tile that
+  flattens (outer dims merged, no data movement) to ``[BLOCK_K, BN]`` in the activation dtype and feeds
+  ``tl.dot`` (wgmma on Hopper for 64/128-row tiles), fp32 accumulators; A is gathered at the tile's
+  sorted positions (runs of R contiguous channels).
 
 Split-K partials go to a float32 scratch ``[SPLIT_K, M, N]``; the last CTA of a tile (an acq_rel
 counter per tile, reset to 0 by that CTA) sums them in a fixed order (deterministic) and writes y.
@@ -20,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import dequant3, gemv_term, group_params, load_words, load_x, load_x1, load_x_pair, store_out
+from .common import dequant3, gemv_term, group_params, kpos, load_words, load_x, load_x1, store_out, tile_kpos
 from .configs import Config
 from .layout import Packed
 
@@ -28,11 +32,10 @@ from .layout import Packed
 @triton.jit
 def qmm_kernel(X, W, S, Z, PERM, BIAS, Y, PART, LOCK,
                M, N, K, KW, G, KP, NP, GS, SPLIT_K, stride_xm, stride_ym,
-               BITS: tl.constexpr, ZC: tl.constexpr, ONE_GROUP: tl.constexpr,
+               BITS: tl.constexpr, R: tl.constexpr, ZC: tl.constexpr, ONE_GROUP: tl.constexpr,
                HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-               X_PAIRS: tl.constexpr):
+               SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
     PF: tl.constexpr = 32 // BITS
     BKW: tl.constexpr = BLOCK_K // PF
     HALF: tl.constexpr = PF // 2
@@ -47,16 +50,16 @@ def qmm_kernel(X, W, S, Z, PERM, BIAS, Y, PART, LOCK,
     kb1 = tl.minimum(kb0 + per, nkb)
     if USE_DOT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    else:  # one row per program; BLOCK_N = 128 * num_warps: a thread owns 4 columns of every row
+    else:  # one row per program
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for kb in range(kb0, kb1):
-        rows = kb * BKW + tl.arange(0, BKW)
+        row0 = kb * BKW
+        rows = row0 + tl.arange(0, BKW)
         w = load_words(W, rows, offs_n, KW, NP, EVEN_K, EVEN_N)
-        s, z = group_params(S, Z, rows, kb, offs_n, KW, G, NP, GS, PF, BLOCK_K, BLOCK_N, ZC, HAS_Z, ONE_GROUP,
-                            EVEN_N)
+        s, z = group_params(S, Z, rows, row0, offs_n, G, NP, GS, PF, R, BLOCK_N, ZC, HAS_Z, ONE_GROUP, EVEN_N)
         if USE_DOT:
-            kk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-            a = load_x(X, offs_m, kk, M, K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
+            a = load_x(X, offs_m, tile_kpos(row0, BLOCK_K, BKW, R, PF), M, K, KP, stride_xm, PERM, HAS_PERM,
+                       EVEN_K)
             b = tl.reshape(dequant3(w, s, z, BITS, PF).to(a.dtype), (BLOCK_K, BLOCK_N))
             acc = tl.dot(a, b, acc)
         else:
@@ -65,15 +68,9 @@ def qmm_kernel(X, W, S, Z, PERM, BIAS, Y, PART, LOCK,
             lo = (w & 0xFFFF) | 0x4B000000
             hi = (w.to(tl.uint32, bitcast=True) >> 16).to(tl.int32, bitcast=True) | 0x4B000000
             blk = tl.zeros((BKW, BLOCK_N), dtype=tl.float32)
-            if X_PAIRS:  # two activations per 32-bit load
-                for jp in tl.static_range(HALF):
-                    x0, x1 = load_x_pair(X, pid_m, kb, jp, K, stride_xm, BKW, HALF, EVEN_K)
-                    blk += gemv_term(lo, hi, z, 2 * jp, BITS, HALF) * x0[:, None]
-                    blk += gemv_term(lo, hi, z, 2 * jp + 1, BITS, HALF) * x1[:, None]
-            else:
-                for j in tl.static_range(PF):
-                    xv = load_x1(X, pid_m, rows * PF + j, K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
-                    blk += gemv_term(lo, hi, z, j, BITS, HALF) * xv.to(tl.float32)[:, None]
+            for j in tl.static_range(PF):
+                xv = load_x1(X, pid_m, kpos(j, rows, R, PF), K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
+                blk += gemv_term(lo, hi, z, j, BITS, HALF) * xv[:, None]
             acc += tl.sum(blk * s, axis=0)  # rows live in one thread: register adds only
     if USE_DOT:  # noqa: SIM108 (constexpr branch)
         out = acc
@@ -109,6 +106,11 @@ def gather_cols(x2: torch.Tensor, p: Packed) -> torch.Tensor:
     return xp
 
 
+def one_group(p: Packed, block_k: int) -> bool:
+    """Does every K step of ``block_k`` codes lie inside one group (one scale row per step)?"""
+    return block_k <= p.rows_per_block * (32 // p.bits) or p.group % block_k == 0
+
+
 def lock_slots(n: int) -> int:
     """Split-K counters a layer keeps: enough for 32 M tiles of 16-column N tiles."""
     return 32 * -(-n // 16)
@@ -129,7 +131,6 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
     perm, kx = p.perm, p.k
     if use_dot and cfg.variant == "gemm" and perm is not None:
         x2, perm, kx = gather_cols(x2, p), None, p.kp
-    pairs = not use_dot and perm is None and kx % 2 == 0 and x2.stride(0) % 2 == 0 and x2.data_ptr() % 4 == 0
     grid_m, grid_n = triton.cdiv(m, bm), triton.cdiv(p.n, cfg.block_n)
     split = cfg.split_k if lock is not None and grid_m * grid_n <= lock.numel() else 1
     part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
@@ -138,8 +139,9 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
         perm if perm is not None else p.qweight, bias if bias is not None else y, y, part,
         lock if lock is not None else p.qweight,
         m, p.n, kx, p.qweight.shape[0], p.scales.shape[0], p.kp, p.np, p.group, split, x2.stride(0), y.stride(0),
-        BITS=p.bits, ZC=p.zero_const, ONE_GROUP=p.group % cfg.block_k == 0, HAS_Z=p.zeros is not None,
+        BITS=p.bits, R=p.rows_per_block, ZC=p.zero_const, ONE_GROUP=one_group(p, cfg.block_k),
+        HAS_Z=p.zeros is not None,
         HAS_PERM=perm is not None, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SPLIT=split > 1, USE_DOT=use_dot, EVEN_K=kx == p.kp and p.kp % cfg.block_k == 0,
-        EVEN_N=p.np % cfg.block_n == 0, X_PAIRS=pairs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        EVEN_N=p.np % cfg.block_n == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
