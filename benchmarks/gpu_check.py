@@ -135,17 +135,18 @@ def sweep(quick: bool, dev: torch.device, shapes: tuple[tuple[int, int], ...] = 
 
 SASS_OPS = ("HGMMA", "HMMA", "LDGSTS", "LDG", "LDG.128", "LDS", "STS", "BAR", "ATOMG", "RED", "FFMA", "FADD",
             "FMUL", "HFMA2", "LOP3", "SHF", "PRMT", "I2F", "F2F", "LDL", "STL")
-OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)")
+OPCODE = re.compile(r"^(?:.*?\*/|[^\t]*\t)\s*(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0-9_.]*)[ ;]", re.M)
 
 
 def sass_counts(sass: str) -> list[int]:
-    """Instructions per base opcode (``LDG.128``: 16-byte global loads) in a SASS listing."""
+    """Instructions per base opcode (``LDG.128``: 16-byte global loads) in a SASS listing (cuobjdump's
+    ``/*0070*/ OP ...`` lines or triton's ``ctrl<TAB>OP ...`` lines)."""
     ops = OPCODE.findall(sass)
     base = [o.split(".")[0] for o in ops]
     out = []
     for name in SASS_OPS:
         if name == "LDG.128":
-            out.append(sum(1 for o in ops if o.startswith("LDG") and ".128" in o))
+            out.append(sum(1 for o in ops if o.split(".")[0] == "LDG" and ".128" in o))
         else:
             out.append(base.count(name))
     return out

@@ -81,12 +81,25 @@ def test_zero_point_maxq_edge(bits: int) -> None:
     v1 = gptq.pack_qzeros(zeros, bits, v1=True)  # stores maxq - 1, no wrap
     assert (oracle.unpack_qzeros(v1.numpy(), bits, 32, v1=False) == maxq - 1).all()
     assert torch.equal(gptq.unpack_qzeros(v1, bits, 32, v1=True), zeros)
-    # a v1 field of maxq is read per field as zero point 0 (the wrap), and has no way back to v1
+    # A v1 word of all ones: 2/4/8 bits read it as GPTQModel does (the word plus one per field: field 0
+    # wraps to 0 and carries, so every later field is maxq + 1 + 1 = 1 mod 2^b); 3 bits wrap each field
+    # to 0. Either way the result holds a zero point of 0, which has no way back to v1.
     all_ones = torch.full_like(v1, -1)
-    assert (gptq.unpack_qzeros(all_ones, bits, 32, v1=True) == 0).all()
-    assert (gptq.zeros_v1_to_v2(all_ones, bits, 32) == 0).all()
+    read = gptq.unpack_qzeros(all_ones, bits, 32, v1=True)
+    assert torch.equal(read, torch.from_numpy(oracle.unpack_qzeros(all_ones.numpy(), bits, 32, v1=True)).int())
+    if bits == 3:
+        assert (read == 0).all()
+    else:
+        per_word = 32 // bits
+        assert (read[:, ::per_word] == 0).all() and (read[:, 1:per_word] == 1).all()
     with pytest.raises(ValueError, match="no GPTQ v1 encoding"):
         gptq.zeros_v2_to_v1(gptq.zeros_v1_to_v2(all_ones, bits, 32), bits, 32)
+
+
+def test_v1_reads_gptqmodel_borrow_exactly() -> None:
+    """GPTQModel's v1 of v2 fields 0..7 is 0x654320FF (the borrow cascades); reading gives 0..7 back."""
+    word = torch.tensor([[0x654320FF]], dtype=torch.int32)
+    assert gptq.unpack_qzeros(word, 4, 8, v1=True).tolist() == [list(range(8))]
 
 
 @FAST

@@ -7,6 +7,7 @@ Importing qlinear touches no GPU, compiles nothing and reads no environment vari
 
 from .affine import AffineWeight, quantize_rtn
 from .caps import Caps, Problem
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .enums import BACKEND, DEVICE, FORMAT, METHOD, PLATFORM
 from .kernels.base import QuantLinear, RetiredKernelError
 from .kernels.torch import TorchLinear, TorchQuantEmbeddings
@@ -29,6 +30,7 @@ __all__ = [
     "PLATFORM",
     "AffineWeight",
     "Caps",
+    "CheckpointError",
     "Choice",
     "ConfigError",
     "DeviceInfo",
@@ -48,7 +50,9 @@ __all__ = [
     "hf_pack_layer",
     "hf_post_init",
     "hf_repack_layer",
+    "load_checkpoint",
     "quantize_rtn",
+    "save_checkpoint",
     "select",
 ]
 __version__ = "0.1.0"

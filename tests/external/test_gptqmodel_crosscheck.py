@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from qlinear import FORMAT, Scheme, TorchLinear, hf_pack_layer
-from qlinear.layouts import planar
+from qlinear.layouts import gptq, planar
 
 pytestmark = pytest.mark.external
 
@@ -71,7 +71,10 @@ def test_every_case_matches_the_reference_bit_for_bit(vectors) -> None:
             zeros = t[f"{name}/zeros"].t().contiguous().to(torch.uint8)
             assert torch.equal(planar.planar_pack_cols(zeros, c["bits"]), t[f"{name}/planar.cols"]), name
             continue
-        # v1: identical words wherever no zero point is 0; a zero point of 0 is refused (see docs/formats.md).
+        # Reading the reference's v1 words gives the true zeros back, a zero point of 0 (its borrow) included.
+        v1_read = gptq.unpack_qzeros(t[f"{name}/out.qzeros_v1"], c["bits"], c["out_features"], v1=True)
+        assert torch.equal(v1_read, t[f"{name}/zeros"].t().int()), f"{name}: reading v1 qzeros"
+        # Writing v1: identical words wherever no zero point is 0; a zero point of 0 is refused (docs/formats.md).
         if int(t[f"{name}/zeros"].min()) == 0:
             with pytest.raises(ValueError, match="zero point 0"):
                 pack_ours(c, t, "gptq")

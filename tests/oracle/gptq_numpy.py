@@ -62,11 +62,20 @@ def unpack_qweight(qweight: np.ndarray, bits: int, k: int) -> np.ndarray:
 
 
 def unpack_qzeros(qzeros: np.ndarray, bits: int, n: int, v1: bool) -> np.ndarray:
-    """Continuous GPTQ qzeros [G, ceil(N*b/W)] -> true zeros [G, N]; v1 adds 1 to each field mod 2^b."""
+    """Continuous GPTQ qzeros [G, ceil(N*b/W)] -> true zeros [G, N].
+
+    v1 with 2/4/8 bits: the word, read as an unsigned integer, plus one in every field's lowest bit,
+    modulo 2^W (GPTQModel's whole-word conversion, formats.md 2.3); 3 bits: each field plus 1 mod 2^b.
+    """
+    wbits = word_bits(qzeros)
+    if v1 and wbits % bits == 0:
+        ones = sum(1 << (bits * j) for j in range(wbits // bits))
+        qzeros = np.array([[to_signed((unsigned(int(x), wbits) + ones) % (1 << wbits), wbits) for x in row]
+                           for row in qzeros], dtype=qzeros.dtype).reshape(qzeros.shape)
     out = np.zeros((qzeros.shape[0], n), dtype=np.int64)
     for g in range(qzeros.shape[0]):
         fields = stream_unpack(qzeros[g, :], bits, n)
-        out[g, :] = [(f + 1) % (1 << bits) if v1 else f for f in fields]
+        out[g, :] = [(f + 1) % (1 << bits) if v1 and wbits % bits else f for f in fields]
     return out
 
 

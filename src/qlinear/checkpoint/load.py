@@ -7,7 +7,6 @@ Nothing from the checkpoint is executed: only safetensors headers and raw bytes 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -16,7 +15,6 @@ import torch
 from ..caps import Problem
 from ..enums import BACKEND, FORMAT
 from ..kernels.base import QuantLinear
-from ..layouts.bitpack import unpack_bits
 from ..select import NoKernelError, select
 from ..spec import Scheme
 from ..target import Target
@@ -54,39 +52,9 @@ def build_layer(name: str, scheme: Scheme, tensors: Mapping[str, torch.Tensor], 
     return layer
 
 
-def gptqmodel_v1_to_v2(qzeros: torch.Tensor, bits: int) -> torch.Tensor:
-    """v1 -> v2 zero points as GPTQModel converts them: add a 1 to every field of the word, carries included.
-
-    GPTQModel writes v1 by subtracting the same constant word-wide, so a true zero point of 0 borrows
-    from its neighbouring field; only this inverse reads such words back as GPTQModel itself does.
-    """
-    w = torch.iinfo(qzeros.dtype).bits
-    one_per_field = sum(1 << (bits * j) for j in range(w // bits))
-    if w == 64:  # int64 addition wraps modulo 2^64, which is the word arithmetic wanted
-        return qzeros + one_per_field
-    words = (qzeros.to(torch.int64) + one_per_field) & ((1 << w) - 1)
-    return torch.where(words >= 1 << (w - 1), words - (1 << w), words).to(qzeros.dtype)
-
-
 def read_module(mp: ModulePlan) -> tuple[dict[str, torch.Tensor], Scheme]:
-    """A module's checkpoint tensors and scheme, with GPTQModel-style v1 words re-read where it matters.
-
-    A 2/4/8-bit v1 (``gptq``) field equal to ``maxq`` exists only where a zero point of 0 was written
-    (GPTQModel borrows from the next field; a per-field reader would then misread that neighbour).
-    Such a module is decoded as GPTQModel decodes it and kept as ``gptq_v2`` (true zeros), with a
-    warning; every other module is returned exactly as stored.
-    """
-    tensors = {leaf: read_tensor(info) for leaf, info in mp.tensors.items()}
-    s = mp.scheme
-    if s.format is FORMAT.GPTQ and s.bits in (2, 4, 8):
-        fields = unpack_bits(tensors["qzeros"], s.bits, s.out_features, dim=1, name="qzeros")
-        if bool((fields == s.maxq).any()):
-            warnings.warn(f"{mp.name}.qzeros: v1 zero-point fields equal to {s.maxq} (a zero point of 0, written "
-                          "with GPTQModel's word-wide borrow); decoded as GPTQModel does and kept as gptq_v2",
-                          stacklevel=3)
-            tensors["qzeros"] = gptqmodel_v1_to_v2(tensors["qzeros"], s.bits)
-            s = s.with_format(FORMAT.GPTQ_V2)
-    return tensors, s
+    """A module's checkpoint tensors (exactly as stored) and its scheme."""
+    return {leaf: read_tensor(info) for leaf, info in mp.tensors.items()}, mp.scheme
 
 
 def load_plan(plan: CheckpointPlan, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float16,

@@ -4,21 +4,18 @@
 along N, both as one little-endian bit stream (see ``bitpack``); ``scales [G, N]`` float16 and
 ``g_idx [K]`` int32 (formats.md 2.2). 3-bit is int32 words only.
 
-Zero points (formats.md 2.3). v2 stores the true zero ``z``; v1 stores ``z - 1``. qlinear applies
-the offset **per field**: writing v1 stores ``(z - 1) mod 2^b`` in each field and reading adds 1 mod
-``2^b`` in each field, with no carry or borrow between fields. The reference (GPTQModel) converts
-2/4/8-bit words by adding or subtracting a whole-word constant (``0x11111111`` for 4-bit int32,
-``0x55555555`` 2-bit, ``0x01010101`` 8-bit) so borrows cross fields: v2 fields 0,1,..,7
-(``0x76543210``) become ``0x654320FF`` there (fields F,F,0,2,..,6: the borrow out of field 0
-cascades), which a per-field reader (AutoGPTQ, ours) decodes as 0,0,1,3,4,5,6,7 rather than 0..7.
-The two agree on every field of every word that holds no zero point of 0 (no field of ``z - 1``
-wraps; only the unused padding bits past N in a last, partial word can differ), so:
+Zero points (formats.md 2.3). v2 stores the true zero ``z``; v1 stores ``z - 1``. The reference
+(GPTQModel) converts 2/4/8-bit words by adding or subtracting a whole-word constant (``0x11111111``
+for 4-bit int32, ``0x55555555`` 2-bit, ``0x01010101`` 8-bit), so a zero point of 0 borrows from the
+next field: v2 fields 0,1,..,7 (``0x76543210``) become ``0x654320FF`` (fields F,F,0,2,..,6).
 
-* ``z = 0`` has no v1 encoding that every reader decodes the same, and writing it to v1 raises
-  (use ``checkpoint_format='gptq_v2'``).
-* ``z = maxq`` is an ordinary value: v1 field ``maxq - 1``, read back as ``maxq``.
-* Reading a v1 field equal to ``maxq`` yields ``z = 0`` (per-field wrap), the only decoding that does
-  not depend on the neighbouring field.
+* Reading v1 (2/4/8 bits) adds the same whole-word constant, carries included: the exact inverse
+  of what GPTQModel writes, and identical to adding 1 per field wherever no field holds ``maxq``
+  (a stored ``maxq`` can only come from a zero point of 0, which no per-field writer can express).
+  3-bit words (the reference wraps each field) are read per field.
+* Writing v1 stores ``z - 1`` per field and refuses ``z = 0``: a v1 word holding it decodes
+  differently in per-field readers (AutoGPTQ's kernels, vLLM's) than in GPTQModel, so qlinear never
+  writes one (use ``checkpoint_format='gptq_v2'``). ``z = maxq`` is ordinary: v1 field ``maxq - 1``.
 """
 
 from __future__ import annotations
@@ -108,18 +105,29 @@ def pack_qzeros(zeros_gn: torch.Tensor, bits: int, pack_dtype: torch.dtype = tor
 
 
 def unpack_qzeros(qzeros: torch.Tensor, bits: int, out_features: int, v1: bool = False) -> torch.Tensor:
-    """``qzeros [G, ceil(N*b/W)]`` -> true zeros ``[G, N]`` int32; ``v1`` adds 1 mod ``2^b`` per field."""
+    """``qzeros [G, ceil(N*b/W)]`` -> true zeros ``[G, N]`` int32; ``v1`` undoes the offset as GPTQModel does."""
     _check_2d(qzeros, "qzeros", "[num_groups, packed columns]")
     w = _check_layout(bits, qzeros.dtype, "qzeros")
     _check_words(qzeros, "qzeros", (qzeros.shape[0], packed_length(out_features, bits, w)))
+    if v1 and w % bits == 0:
+        qzeros = _add_one_per_field(qzeros, bits, w)
     fields = unpack_bits(qzeros, bits, out_features, dim=1, name="qzeros").to(torch.int32)
-    if v1:
+    if v1 and w % bits:
         fields = (fields + 1) & ((1 << bits) - 1)
     return fields
 
 
+def _add_one_per_field(words: torch.Tensor, bits: int, w: int) -> torch.Tensor:
+    """Add a 1 to every field of every word as one word-wide addition (carries cross fields), mod 2^W."""
+    one_per_field = sum(1 << (bits * j) for j in range(w // bits))
+    if w == 64:  # int64 addition wraps modulo 2^64: exactly the word arithmetic wanted
+        return words + (one_per_field - (1 << 64) if one_per_field >= 1 << 63 else one_per_field)
+    out = (words.to(torch.int64) + one_per_field) & ((1 << w) - 1)
+    return torch.where(out >= 1 << (w - 1), out - (1 << w), out).to(words.dtype)
+
+
 def zeros_v1_to_v2(qzeros: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
-    """Re-encode packed v1 zero points as v2 (``field + 1 mod 2^b`` per field, same word dtype)."""
+    """Re-encode packed v1 zero points as v2 (the reference's inverse, see the module docstring)."""
     return pack_qzeros(unpack_qzeros(qzeros, bits, out_features, v1=True), bits, qzeros.dtype)
 
 

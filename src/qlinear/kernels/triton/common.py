@@ -43,7 +43,7 @@ def group_params(S, Z, rows, row0, offs_n, G, NP, GS, PF: tl.constexpr, R: tl.co
         ok = (g < G)[:, None] & nmask[None, :]
         off = g[:, None] * NP + cols[None, :]
         s = tl.load(S + off, mask=ok, other=0.0).to(tl.float32)
-        if HAS_Z:
+        if HAS_Z:  # noqa: SIM108 (constexpr branch)
             z = tl.load(Z + off, mask=ok, other=0).to(tl.float32)
         else:
             z = tl.full([1, BLOCK_N], ZC, tl.float32)
@@ -76,20 +76,50 @@ def gemv_term(lo, hi, z, j: tl.constexpr, BITS: tl.constexpr, HALF: tl.constexpr
 
 
 @triton.jit
-def dequant3(w, s, z, BITS: tl.constexpr, PF: tl.constexpr):
-    """Words ``[BKW, BN]`` -> float32 weights ``[PF, BKW, BN]``; flattened, row ``i`` is field
-    ``i // BKW`` of word row ``i % BKW`` (the field-blocked order, see ``kpos``)."""
-    shifts = tl.arange(0, PF) * BITS
-    q = ((w[None, :, :] >> shifts[:, None, None]) & ((1 << BITS) - 1)) | 0x4B000000
-    f = q.to(tl.float32, bitcast=True)
-    return (f - (z + 8388608.0)[None, :, :]) * s[None, :, :]
+def halves(w):
+    """The low and high 16 bits of every word, each OR-ed into the float 2^23 (see ``gemv_term``)."""
+    lo = (w & 0xFFFF) | 0x4B000000
+    hi = (w.to(tl.uint32, bitcast=True) >> 16).to(tl.int32, bitcast=True) | 0x4B000000
+    return lo, hi
+
+
+@triton.jit
+def stack2(a, b):
+    """``[a; b]`` along dim 0, in registers (join makes an in-thread minor dim; permute and reshape
+    only rename it), so tiles keep the words' layout and no data moves between threads."""
+    return tl.reshape(tl.permute(tl.join(a, b), (2, 0, 1)), (2 * a.shape[0], a.shape[1]))
+
+
+@triton.jit
+def stack4(lo, hi, s, z, j0: tl.constexpr, BITS: tl.constexpr, HALF: tl.constexpr, dtype: tl.constexpr):
+    """Dequantized fields ``j0 .. j0+3`` stacked along K: ``[4 * BKW, BN]`` in ``dtype``."""
+    f0 = (gemv_term(lo, hi, z, j0, BITS, HALF) * s).to(dtype)
+    f1 = (gemv_term(lo, hi, z, j0 + 1, BITS, HALF) * s).to(dtype)
+    f2 = (gemv_term(lo, hi, z, j0 + 2, BITS, HALF) * s).to(dtype)
+    f3 = (gemv_term(lo, hi, z, j0 + 3, BITS, HALF) * s).to(dtype)
+    return stack2(stack2(f0, f1), stack2(f2, f3))
+
+
+@triton.jit
+def dequant_tile(w, s, z, BITS: tl.constexpr, PF: tl.constexpr, dtype: tl.constexpr):
+    """Words ``[BKW, BN]`` -> weights ``[PF * BKW, BN]`` in ``dtype``; row ``i`` is field ``i // BKW`` of
+    word row ``i % BKW`` (the field-blocked order, see ``kpos``). Per weight: LOP3, FFMA, FMUL, cvt."""
+    HALF: tl.constexpr = PF // 2
+    lo, hi = halves(w)
+    t = stack4(lo, hi, s, z, 0, BITS, HALF, dtype)
+    if PF >= 8:
+        t = stack2(t, stack4(lo, hi, s, z, 4, BITS, HALF, dtype))
+    if PF >= 16:
+        t = stack2(t, stack2(stack4(lo, hi, s, z, 8, BITS, HALF, dtype), stack4(lo, hi, s, z, 12, BITS, HALF, dtype)))
+    return t
 
 
 @triton.jit
 def tile_kpos(row0, BLOCK_K: tl.constexpr, BKW: tl.constexpr, R: tl.constexpr, PF: tl.constexpr):
     """Sorted positions of the ``BLOCK_K`` rows of a dequantized tile starting at word row ``row0``."""
     i = tl.arange(0, BLOCK_K)
-    return kpos(i // BKW, row0 + i % BKW, R, PF)
+    run: tl.constexpr = R if R < BKW else BKW  # contiguous channels per run, each run starts aligned
+    return tl.max_contiguous(tl.multiple_of(kpos(i // BKW, row0 + i % BKW, R, PF), run), run)
 
 
 @triton.jit

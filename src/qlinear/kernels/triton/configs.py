@@ -2,7 +2,7 @@
 
 A config is chosen per call from the flattened row count M. Variants, each with its own limits:
 
-* ``gemv``   split-K, multiply-reduce on CUDA cores, one row per program (M <= 2..4): memory bound, decode.
+* ``gemv``   split-K, multiply-reduce on CUDA cores, one row per program (M <= 2): memory bound, decode.
 * ``skinny`` split-K, ``tl.dot`` with a 16-row tile (M <= 16..64).
 * ``gemm``   tiled dequant-in-the-loop ``tl.dot`` (M up to ~512), split-K only when tiles are few.
 * ``dense``  dequantize into a transient dense weight and call cuBLAS (large M).
@@ -23,7 +23,7 @@ VARIANTS = ("gemv", "skinny", "gemm", "dense")
 #: group length the kernels use for "one group spans K" (any block is inside group 0)
 CHANNELWISE = 1 << 30
 #: default crossovers (largest M bucket served), used when the table has none for a device/bits
-DEFAULT_CROSSOVERS = {"gemv": 4, "skinny": 16, "gemm": 512}
+DEFAULT_CROSSOVERS = {"gemv": 2, "skinny": 16, "gemm": 512}
 TABLES = ("tuned_h200.json",)
 
 
@@ -92,9 +92,11 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
     """A sane config for an H100/H200-class GPU (memory bound below M~64, tensor-core bound above)."""
     pf = 32 // bits
     block_n = 128 if n >= 1024 else max(32, min(128, 1 << (n - 1).bit_length()))
-    if variant == "gemv":  # BLOCK_N = 128 * num_warps; a step inside one group (one scale row)
-        warps = 4 if n >= 8192 else 2 if n >= 1024 else 1
-        bk = min(16 * pf, group) if group % pf == 0 else 16 * pf
+    if variant == "gemv":  # BLOCK_N = 128 * num_warps (the body's layout contract); a step in one group
+        warps = 4 if n >= 8192 else 2 if n >= 2048 else 1
+        bk = 8 * pf
+        while bk > pf and group % bk:
+            bk //= 2
         nkb = -(-k // bk)
         split = _split(-(-n // (128 * warps)), nkb, sms, 4, 2)
         return Config("gemv", 1, 128 * warps, bk, split, warps, 2)
@@ -107,7 +109,7 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         bm = 64 if m <= 64 else 128
         bk = 64 if bits >= 4 else 128
         tiles = -(-m // bm) * -(-n // block_n)
-        split = _split(tiles, -(-k // bk), sms, 2, 4)
+        split = _split(tiles, -(-k // bk), sms, 1, 4)  # partials cost M*N*8 bytes a split: only when few tiles
         return Config("gemm", bm, block_n, bk, split, 4 if bm == 64 else 8, 4)
     if variant == "dense":
         return Config("dense", 1, 128, 16 * pf, 1, 4, 1)
@@ -116,9 +118,16 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
 
 def choose(device: str, sms: int, m: int, n: int, k: int, bits: int, group: int,
            variant: str | None = None) -> Config:
-    """The table's entry for this call when measured, else ``heuristic``; ``variant`` forces one."""
+    """The table's entry for this call (its M bucket, else the nearest measured bucket of the same
+    variant and shape), else ``heuristic``; ``variant`` forces one."""
     variant = variant or pick_variant(device, m, bits)
-    entry = _tables().get(device, {}).get("configs", {}).get(table_key(variant, m, n, k, bits, group))
+    table = _tables().get(device, {}).get("configs", {})
+    entry = table.get(table_key(variant, m, n, k, bits, group))
+    if not entry:
+        rest = table_key(variant, m, n, k, bits, group).split(":", 2)[2]
+        near = [(abs(int(key.split(":")[1][2:]).bit_length() - m_bucket(m).bit_length()), key)
+                for key in table if key.startswith(variant + ":") and key.split(":", 2)[2] == rest]
+        entry = table[min(near)[1]] if near else None
     if entry:
         fields = {f: entry[f] for f in Config.__dataclass_fields__ if f in entry and f != "variant"}
         return Config(variant, **fields)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import dequant3, group_params, load_words, tile_kpos
+from .common import gemv_term, group_params, halves, kpos, load_words
 from .configs import Config
 from .layout import Packed
 from .qmm import LAST, one_group
@@ -25,6 +25,8 @@ MAX_DENSE = 1 << 28
 def dequant_kernel(W, S, Z, PERM, OUT, N0, N1, K, KW, G, KP, NP, GS, stride_o,
                    BITS: tl.constexpr, R: tl.constexpr, ZC: tl.constexpr, ONE_GROUP: tl.constexpr,
                    HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One ``[BLOCK_K, BLOCK_N]`` tile: each field's ``[BKW, BN]`` rows go straight to their output rows,
+    in the words' own layout (no tile assembly, no data moved between threads)."""
     PF: tl.constexpr = 32 // BITS
     BKW: tl.constexpr = BLOCK_K // PF
     row0 = tl.program_id(0) * BKW
@@ -32,14 +34,17 @@ def dequant_kernel(W, S, Z, PERM, OUT, N0, N1, K, KW, G, KP, NP, GS, stride_o,
     rows = row0 + tl.arange(0, BKW)
     w = load_words(W, rows, offs_n, KW, NP, False, False)
     s, z = group_params(S, Z, rows, row0, offs_n, G, NP, GS, PF, R, BLOCK_N, ZC, HAS_Z, ONE_GROUP, False)
-    t = tl.reshape(dequant3(w, s, z, BITS, PF).to(OUT.dtype.element_ty), (BLOCK_K, BLOCK_N))
-    kk = tile_kpos(row0, BLOCK_K, BKW, R, PF)
-    if HAS_PERM:  # noqa: SIM108 (constexpr branch)
-        dest = tl.load(PERM + kk, mask=kk < KP, other=-1)
-    else:
-        dest = tl.where(kk < K, kk, -1)
-    ptr = OUT + dest[:, None].to(tl.int64) * stride_o + (offs_n - N0)[None, :]
-    tl.store(ptr, t, mask=(dest >= 0)[:, None] & (offs_n < N1)[None, :])
+    lo, hi = halves(w)
+    cols = (offs_n - N0)[None, :]
+    nmask = (offs_n < N1)[None, :]
+    for j in tl.static_range(PF):
+        t = (gemv_term(lo, hi, z, j, BITS, PF // 2) * s).to(OUT.dtype.element_ty)
+        kk = kpos(j, rows, R, PF)
+        if HAS_PERM:  # noqa: SIM108 (constexpr branch)
+            dest = tl.load(PERM + kk, mask=kk < KP, other=-1)
+        else:
+            dest = tl.where(kk < K, kk, -1)
+        tl.store(OUT + dest[:, None].to(tl.int64) * stride_o + cols, t, mask=(dest >= 0)[:, None] & nmask)
 
 
 def dense_t(p: Packed, dtype: torch.dtype, cfg: Config | None = None, n0: int = 0,

@@ -9,8 +9,8 @@ and the tile is read from HBM once. Each CTA walks its share of K in steps of ``
   ``BLOCK_N`` a multiple of ``128 * num_warps`` the words, scales and zeros all load in one layout
   (4-column vectors, every row of the step in each thread: in-thread reduction, no layout conversion),
   and a field's activations for the step's rows are one contiguous vector (field-blocked words).
-* ``USE_DOT=True`` (``skinny``, ``gemm``): the words become a dequantized ``[PF, BKW, BN]`` tile that
-  flattens (outer dims merged, no data movement) to ``[BLOCK_K, BN]`` in the activation dtype and feeds
+* ``USE_DOT=True`` (``skinny``, ``gemm``): each field of the words becomes a dequantized ``[BKW, BN]``
+  tile in the words' layout; stacked along K in registers they make ``[BLOCK_K, BN]``, which feeds
   ``tl.dot`` (wgmma on Hopper for 64/128-row tiles), fp32 accumulators; A is gathered at the tile's
   sorted positions (runs of R contiguous channels).
 
@@ -24,7 +24,18 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import dequant3, gemv_term, group_params, kpos, load_words, load_x, load_x1, store_out, tile_kpos
+from .common import (
+    dequant_tile,
+    gemv_term,
+    group_params,
+    halves,
+    kpos,
+    load_words,
+    load_x,
+    load_x1,
+    store_out,
+    tile_kpos,
+)
 from .configs import Config
 from .layout import Packed
 
@@ -48,7 +59,7 @@ def qmm_kernel(X, W, S, Z, PERM, BIAS, Y, PART, LOCK,
     per = tl.cdiv(nkb, SPLIT_K)
     kb0 = pid_k * per
     kb1 = tl.minimum(kb0 + per, nkb)
-    if USE_DOT:
+    if USE_DOT:  # noqa: SIM108 (constexpr branch)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:  # one row per program
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -60,13 +71,12 @@ def qmm_kernel(X, W, S, Z, PERM, BIAS, Y, PART, LOCK,
         if USE_DOT:
             a = load_x(X, offs_m, tile_kpos(row0, BLOCK_K, BKW, R, PF), M, K, KP, stride_xm, PERM, HAS_PERM,
                        EVEN_K)
-            b = tl.reshape(dequant3(w, s, z, BITS, PF).to(a.dtype), (BLOCK_K, BLOCK_N))
+            b = dequant_tile(w, s, z, BITS, PF, X.dtype.element_ty)
             acc = tl.dot(a, b, acc)
         else:
             # fields 0..PF/2-1 sit in the low half-word, the rest in the high one; see gemv_term.
             # Per weight: LOP3, FFMA (q - z), FFMA (* x); per word: the two halves.
-            lo = (w & 0xFFFF) | 0x4B000000
-            hi = (w.to(tl.uint32, bitcast=True) >> 16).to(tl.int32, bitcast=True) | 0x4B000000
+            lo, hi = halves(w)
             blk = tl.zeros((BKW, BLOCK_N), dtype=tl.float32)
             for j in tl.static_range(PF):
                 xv = load_x1(X, pid_m, kpos(j, rows, R, PF), K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
