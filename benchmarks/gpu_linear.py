@@ -130,7 +130,7 @@ def main_table(args: argparse.Namespace, bw: float) -> None:
                 r = copies(k * n * 2) if name == "bf16" else r_ours
                 peers[name] = [make(p.qweight.clone(), p.scales[:, :n].clone()) for _ in range(r)]
             except Exception as err:
-                peers[name] = f"{type(err).__name__}: {err}"[:200]
+                peers[name] = f"{type(err).__name__}: {err}"[:400]
                 print(f"<!-- {name} unavailable for {k}x{n}: {peers[name]} -->")
         check_peers(p, peers, gen)
         for m in args.m:
@@ -189,14 +189,14 @@ def variants_table(args: argparse.Namespace, bw: float) -> dict[str, object]:
 def candidates(variant: str, base: Config) -> list[Config]:
     """A small neighbourhood of the heuristic config: the sweep is bounded by compile time."""
     out = [base]
-    if variant == "gemv":
-        for bn, st in ((64, 2), (256, 2), (128, 1), (128, 3)):
-            out.append(Config(variant, base.block_m, bn, base.block_k, base.split_k, base.num_warps, st))
-        out += [Config(variant, base.block_m, base.block_n, base.block_k, max(1, base.split_k * f), 4, 2)
+    if variant == "gemv":  # block_n follows num_warps (128 per warp: the body's layout contract)
+        for w, bk, st in ((1, base.block_k, 2), (4, base.block_k, 2), (base.num_warps, base.block_k * 2, 2),
+                          (base.num_warps, base.block_k, 3), (base.num_warps, max(1, base.block_k // 2), 2)):
+            out.append(Config(variant, 1, 128 * w, bk, base.split_k, w, st))
+        out += [Config(variant, 1, base.block_n, base.block_k, max(1, base.split_k * f), base.num_warps, 2)
                 for f in (0.5, 2)]
-        out.append(Config(variant, base.block_m, base.block_n, base.block_k * 2, base.split_k, 8, 2))
     else:
-        for bn, bk, w, st in ((128, 64, 4, 3), (128, 128, 4, 3), (256, 64, 8, 3), (64, 128, 4, 4), (128, 64, 8, 4)):
+        for bn, bk, w, st in ((64, 128, 4, 3), (64, 256, 4, 3), (128, 64, 4, 3), (128, 64, 8, 4), (256, 64, 8, 3)):
             out.append(Config(variant, base.block_m, bn, bk, base.split_k, w, st))
         out += [Config(variant, base.block_m, base.block_n, base.block_k, max(1, int(base.split_k * f)),
                        base.num_warps, base.num_stages) for f in (0.5, 2)]

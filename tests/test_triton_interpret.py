@@ -29,7 +29,7 @@ from qlinear.target import Target
 from tests.oracle import awq_numpy
 from tests.oracle.gptq_numpy import dequantize_checkpoint
 
-INSTALL = "pip install -r requirements/triton-interpret.txt"
+INSTALL = "pip install --no-deps -r requirements/nodeps-triton.txt"
 TOL = {torch.float16: 4e-3, torch.bfloat16: 1.5e-2}
 
 
@@ -223,3 +223,38 @@ def test_selector_rejects_without_cuda_or_triton() -> None:
                  torch.float16)
     assert any("device cpu not supported" in r for r in AwqGEMMTritonLinear.reasons(pa, Target.here("cpu")))
     assert AwqGEMMTritonLinear.reasons(pa, Target.fake_cuda((9, 0), modules={"triton": True})) == []
+
+
+def test_configs_table_and_heuristics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured entries win (nearest M bucket of the same variant and shape); others get the heuristic."""
+    from qlinear.kernels.triton import configs
+
+    key = configs.table_key("gemv", 1, 4096, 4096, 4, 128)
+    table = {"H": {"crossovers": {"4": {"gemv": 1, "skinny": 8, "gemm": 256}},
+                   "configs": {key: {"block_n": 512, "block_k": 32, "split_k": 7, "num_warps": 4}}}}
+    monkeypatch.setattr(configs, "_tables", lambda: table)
+    assert [configs.pick_variant("H", m, 4) for m in (1, 2, 8, 9, 256, 300)] == \
+        ["gemv", "skinny", "skinny", "gemm", "gemm", "dense"]
+    assert configs.choose("H", 132, 2, 4096, 4096, 4, 128, "gemv").split_k == 7  # nearest bucket
+    assert configs.choose("other", 132, 1, 4096, 4096, 4, 128).variant == "gemv"
+    cfg = configs.legal(configs.Config("gemv", 4, 64, 64, 999, 2, 2), 1, 4096, 4)
+    assert (cfg.block_m, cfg.block_n, cfg.split_k) == (1, 256, 64)  # layout contract, split <= K steps
+
+
+def test_importing_qlinear_does_not_import_triton() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, qlinear; from qlinear.kernels.registry import all_kernels; all_kernels(); "
+            "assert 'triton' not in sys.modules, 'triton imported'")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+@pytest.mark.parametrize(("bits", "group", "rows"), [(4, 128, 8), (4, 32, 4), (4, 16, 2), (2, 16, 1), (8, 16, 4),
+                                                     (2, -1, 8)])
+def test_field_blocks_never_straddle_a_group(bits: int, group: int, rows: int) -> None:
+    from qlinear.kernels.triton.configs import CHANNELWISE
+    from qlinear.kernels.triton.layout import block_rows
+
+    assert block_rows(CHANNELWISE if group == -1 else group, 32 // bits) == rows

@@ -100,11 +100,11 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         nkb = -(-k // bk)
         split = _split(-(-n // (128 * warps)), nkb, sms, 4, 2)
         return Config("gemv", 1, 128 * warps, bk, split, warps, 2)
-    if variant == "skinny":
-        bk = 128 if bits >= 4 else 256
-        nkb = -(-k // bk)
-        split = _split(-(-n // block_n), nkb, sms, 3, 2)
-        return Config("skinny", 16, block_n, bk, split, 4, 3)
+    if variant == "skinny":  # 64 columns x 4 warps: the dequantized tile feeds mma straight from registers
+        bn = 64 if n >= 64 else 32
+        nkb = -(-k // 128)
+        split = _split(-(-n // bn), nkb, sms, 4, 2)
+        return Config("skinny", 16, bn, 128, split, 4, 3)
     if variant == "gemm":
         bm = 64 if m <= 64 else 128
         bk = 64 if bits >= 4 else 128

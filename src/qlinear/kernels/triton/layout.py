@@ -133,5 +133,6 @@ def build(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx:
     if zeros.numel() and not bool((zeros == zc).all()):
         z = torch.zeros(scales.shape[1], npad, dtype=torch.uint8, device=dev)
         z[:, :n] = zeros.t().to(torch.uint8)
+        zc = 0  # unused with a zeros tensor; one value keeps the compiled variants few
     words = pack_words(codes_kn, bits, rows)
     return Packed(words, s, z, None if identity else perm.to(dev), bits, k, n, group, zc, rows)

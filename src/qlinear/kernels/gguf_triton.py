@@ -1,0 +1,105 @@
+"""``GGUFTritonKernel``: raw GGML blocks multiplied by Triton kernels on CUDA, with no repack.
+
+The kernels read ``qweight`` (uint8 ``[N, nb * T]``, the file's own bytes) as int16 halfwords and decode
+the blocks inside the matmul (``triton/gguf.py``), so the layer's resident memory is the checkpoint
+itself: nothing is derived in ``prepare()`` but a small split-K counter buffer. Each forward picks a
+variant from M (``triton/gguf_configs.py``): split-K GEMV on CUDA cores, ``tl.dot`` (skinny or tiled), or a
+transient dense weight and torch's matmul for large M.
+
+Types run: Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q1_0, Q1_0_G128, the ones the declaration's
+logical bits (1, 4, 5, 6) admit. The bodies also run Q8_0 (``RUNNABLE``; a directly built layer
+works), but the declaration (from the reference) excludes 8 bits, so the selector never picks it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..layouts import gguf
+from ..target import Target
+from .gguf_torch import GGUFQuantLinear
+from .planned.gguf import GGUFTritonKernel as _Declared
+from .triton_gptq import device_facts, interpreting, triton_version_reasons
+
+T = gguf.GGMLType
+#: every type the Triton bodies decode (``triton.gguf.GEOMS``)
+RUNNABLE = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.Q1_0, T.Q1_0_G128})
+#: largest dense weight chunk (elements) the ``dense`` variant materialises within one forward
+MAX_DENSE = 1 << 26
+
+
+class GGUFTritonKernel(GGUFQuantLinear):
+    """Native GGML blocks of Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K/Q1_0 decoded inside Triton matmuls."""
+
+    backend = _Declared.backend
+    caps = _Declared.caps
+    qtypes = frozenset(t for t in RUNNABLE if gguf.TYPES[t].bits in _Declared.caps.bits)
+
+    @classmethod
+    def runtime_target_reasons(cls, target: Target) -> list[str]:
+        return triton_version_reasons(target)
+
+    def register_checkpoint_buffers(self, bias: bool) -> None:
+        super().register_checkpoint_buffers(bias)
+        self.register_buffer("_rt_lock", None, persistent=False)
+
+    def prepare(self) -> None:
+        """Only the split-K counters (int32 zeros, enough for 64 activation tiles of 16-row output tiles)."""
+        n = self.out_features
+        self._rt_lock = torch.zeros(64 * -(-n // 16), dtype=torch.int32, device=self.qweight.device)
+        super().prepare()
+
+    def config(self, m: int, device: torch.device, variant: str | None = None) -> object:
+        """The launch config for M rows on ``device`` (heuristic, legalised)."""
+        from .triton.gguf import GEOMS
+        from .triton.gguf_configs import choose, legal
+
+        sms = device_facts(device.index or 0)[1] if device.type == "cuda" else 4
+        bps = GEOMS[int(self.qtype)].bps
+        nb = self.type_info.blocks_per_row(self.in_features)
+        return legal(choose(sms, m, self.out_features, nb, bps, variant), m, nb, bps)
+
+    def matmul(self, x2: torch.Tensor, variant: str | None = None, config: object = None) -> torch.Tensor:
+        """``x2 [M, K] @ W^T + bias`` with the chosen (or given) variant / config."""
+        from .triton import gguf_mm
+
+        cfg = config or self.config(x2.shape[0], x2.device, variant)
+        qt = int(self.qtype)
+        if cfg.variant != "dense":  # type: ignore[attr-defined]
+            return gguf_mm.matmul(x2, self.qweight, qt, cfg, self.bias, self._rt_lock)  # type: ignore[arg-type]
+        n, k = self.out_features, self.in_features
+        step = max(64, MAX_DENSE // max(1, k) // 64 * 64)
+        parts = []
+        for n0 in range(0, n, step):  # the dense chunk lives only inside this loop iteration
+            w = gguf_mm.dequantize(self.qweight[n0:n0 + step], qt, k, x2.dtype)
+            b = None if self.bias is None else self.bias[n0:n0 + step].to(x2.dtype)
+            parts.append(x2 @ w.t() if b is None else torch.addmm(b, x2, w.t()))
+            del w
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float weight, decoded by the Triton dequant kernel on CUDA (torch decoders elsewhere)."""
+        if self.qweight.device.type == "cuda" or interpreting():
+            from .triton import gguf_mm
+
+            return gguf_mm.dequantize(self.qweight, int(self.qtype), self.in_features).to(dtype)
+        return super().dequantize(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        if self.qtype not in RUNNABLE:
+            raise ValueError(f"{type(self).__name__}: qtype {self.qtype.name} is not run by the Triton kernels "
+                             f"(runs {', '.join(t.name for t in sorted(RUNNABLE))})")
+        if x.device.type != "cuda" and not interpreting():
+            raise ValueError(f"input: {type(self).__name__} runs on CUDA tensors, got one on {x.device} "
+                             "(TRITON_INTERPRET=1 runs the kernels on CPU tensors, for testing)")
+        if self.qweight.device != x.device:
+            raise ValueError(f"input on {x.device} but the layer is on {self.qweight.device}")
+        self.ensure_prepared()
+        x2 = x.reshape(-1, self.in_features)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        return self.matmul(x2).reshape(*x.shape[:-1], self.out_features)
+
+
+KERNELS = (GGUFTritonKernel,)

@@ -1,0 +1,78 @@
+"""Launch configurations of the GGUF Triton kernels: a heuristic per variant, never a run-time autotune.
+
+Variants by the flattened row count M (``CROSSOVERS`` holds the largest M each serves):
+
+* ``gemv``   one row per program, split-K, CUDA cores: memory bound, for decode-sized M.
+* ``skinny`` ``tl.dot`` with a 16-row activation tile, split-K: the decode is done once for all rows.
+* ``gemm``   ``tl.dot`` with 64/128-row tiles.
+* ``dense``  dequantize into a transient weight in the activation dtype and call torch's matmul (cuBLAS).
+
+Plain Python: importing this module imports no triton.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+VARIANTS = ("gemv", "skinny", "gemm", "dense")
+#: largest M served by each variant (above ``gemm``: dense); benchmarks/gguf_linear.py measures them
+CROSSOVERS = {"gemv": 2, "skinny": 16, "gemm": 128}
+
+
+@dataclass(frozen=True)
+class GConfig:
+    """One launch: output rows per program (``block_n``), activation rows (``block_m``), blocks per step
+    (``bps``, 0: the type's default), split-K factor, warps and pipeline depth."""
+
+    variant: str
+    block_m: int = 1
+    block_n: int = 64
+    bps: int = 0
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def pick_variant(m: int) -> str:
+    for v in ("gemv", "skinny", "gemm"):
+        if m <= CROSSOVERS[v]:
+            return v
+    return "dense"
+
+
+def _split(tiles: int, steps: int, sms: int, waves: int, min_steps: int) -> int:
+    """Split K so that about ``waves`` programs per SM exist, each keeping at least ``min_steps`` steps."""
+    if tiles >= sms * waves // 2:
+        return 1
+    want = -(-sms * waves // tiles)
+    return max(1, min(want, steps // min_steps))
+
+
+def heuristic(variant: str, sms: int, m: int, n: int, nb: int, bps: int) -> GConfig:
+    """A sane config for an H100/H200-class GPU; ``nb`` blocks per row, ``bps`` the type's blocks per step."""
+    steps = -(-nb // bps)
+    if variant == "gemv":
+        bn = 64 if n >= 2048 else 32
+        return GConfig("gemv", 1, bn, bps, _split(m * -(-n // bn), steps, sms, 6, 2), 4, 1)
+    if variant == "skinny":
+        bn = 64 if n >= 1024 else 32
+        return GConfig("skinny", 16, bn, bps, _split(-(-m // 16) * -(-n // bn), steps, sms, 4, 2), 4, 2)
+    if variant == "gemm":
+        bm = 64 if m <= 64 else 128
+        tiles = -(-m // bm) * -(-n // 128)
+        return GConfig("gemm", bm, 128, bps, _split(tiles, steps, sms, 2, 4), 8, 2)
+    if variant == "dense":
+        return GConfig("dense", 1, 32, bps)
+    raise ValueError(f"variant: expected one of {', '.join(VARIANTS)}, got {variant!r}")
+
+
+def choose(sms: int, m: int, n: int, nb: int, bps: int, variant: str | None = None) -> GConfig:
+    return heuristic(variant or pick_variant(m), sms, m, n, nb, bps)
+
+
+def legal(cfg: GConfig, m: int, nb: int, bps: int) -> GConfig:
+    """Clamp a config to what the kernels accept (``tl.dot`` needs 16 rows, split within the steps)."""
+    b = cfg.bps or bps
+    bm = 1 if cfg.variant == "gemv" else max(16, cfg.block_m)
+    steps = -(-nb // b)
+    return replace(cfg, block_m=bm, bps=b, split_k=max(1, min(cfg.split_k, steps)))

@@ -1,0 +1,218 @@
+"""GGUF matmul bodies over raw GGML blocks (``y = x @ W^T``) and their launchers; decoding is in ``gguf.py``.
+
+* ``gemv_kernel`` (variant ``gemv``, one activation row per program, split-K): per chunk and field class it
+  sums ``q * x`` on CUDA cores (LOP3 + FFMA to decode, FFMA to multiply) and scales once per chunk, adding
+  ``C * sum(x)`` for types with a min: the weight is never formed, so it is memory bound.
+* ``dot_kernel`` (``skinny`` and ``gemm``, split-K optional): each field's weights ``[BN, NC*HC]`` are
+  formed in the activation dtype and meet the activations gathered at the same input channels in
+  ``tl.dot`` with the weights as the left operand (``acc[BN, BM]``: the tensor core's long side is N, so
+  a 16-row input wastes nothing on the weights' side).
+* ``dequant_kernel``: bit-exact float32 (or activation-dtype) weights ``[N, K]``; launched without FP
+  fusion. With torch's matmul it is the ``dense`` variant for large M.
+
+Split-K partials go to a float32 scratch ``[SPLIT_K, M, N]``; the last program of a tile (an acq_rel
+counter per tile, reset by that program) sums them in a fixed order and writes y.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .gguf import GEOMS, Geom, field_q, scales, step_tiles, value_pos, weights
+from .gguf_configs import GConfig
+
+#: the last compiled kernel launched (benchmarks inspect registers and spills)
+LAST: dict[str, object] = {}
+
+
+@triton.jit
+def _finish(Y, BIAS, PART, LOCK, out, offs_n, offs_m, M, N, stride_ym, tile, pid_k, SPLIT_K,
+            HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr):
+    """Store ``out [BN, BM]`` (= y^T tile), or its split-K partial and, in the last program, the sum."""
+    mn = (offs_n < N)[:, None] & (offs_m < M)[None, :]
+    if SPLIT:
+        part = PART + offs_m[None, :] * N + offs_n[:, None]
+        tl.store(part + pid_k * M * N, out, mask=mn)
+        tl.debug_barrier()  # every thread's partial is written before the counter is released
+        seen = tl.atomic_add(LOCK + tile, 1, sem="acq_rel", scope="gpu")
+        if seen == SPLIT_K - 1:
+            total = tl.zeros_like(out)
+            for sk in range(SPLIT_K):
+                total += tl.load(part + sk * M * N, mask=mn, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(BIAS + offs_n, mask=offs_n < N, other=0.0)[:, None]
+            tl.store(Y + offs_m[None, :] * stride_ym + offs_n[:, None], total.to(Y.dtype.element_ty), mask=mn)
+            tl.atomic_xchg(LOCK + tile, 0, sem="relaxed", scope="gpu")
+    else:
+        if HAS_BIAS:
+            out += tl.load(BIAS + offs_n, mask=offs_n < N, other=0.0)[:, None]
+        tl.store(Y + offs_m[None, :] * stride_ym + offs_n[:, None], out.to(Y.dtype.element_ty), mask=mn)
+
+
+@triton.jit
+def gemv_kernel(W, X, Y, BIAS, PART, LOCK, M, N, K, NB, RHW, stride_xm, stride_ym, SPLIT_K,
+                QT: tl.constexpr, B: tl.constexpr, HWB: tl.constexpr, CPB: tl.constexpr, HV: tl.constexpr,
+                HC: tl.constexpr, F: tl.constexpr, G: tl.constexpr, BPS: tl.constexpr, HAS_MIN: tl.constexpr,
+                HAS_BIAS: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    # Tile [HV, BN, NC, HC]: one 16-byte vector per (vector, row, chunk), the vector dim in front so it
+    # stays within a thread; chunk and row dims spread over the lanes like the [.., BN, NC, 1] scale
+    # tensors, so sums over HC meet the scales with no layout conversion.
+    NC: tl.constexpr = BPS * CPB
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    hv = tl.arange(0, HV)[:, None, None, None]
+    rows = offs_n[None, :, None, None]
+    c = tl.arange(0, NC)[None, None, :, None]
+    j = tl.arange(0, HC)[None, None, None, :]
+    nsteps = tl.cdiv(NB, BPS)
+    per = tl.cdiv(nsteps, SPLIT_K)
+    s0 = pid_k * per
+    s1 = tl.minimum(s0 + per, nsteps)
+    xrow = X + pid_m.to(tl.int64) * stride_xm
+    acc = tl.zeros((HV, BN, NC, 1), dtype=tl.float32)
+    for s in range(s0, s1):
+        base, wq, wh, qh = step_tiles(W, rows, s * BPS, N, NB, RHW, c, hv, j, QT, CPB, HWB)
+        k0 = s * BPS * B
+        for g in tl.static_range(G):
+            a, cm = scales(W, base, c, hv, g, QT, CPB)
+            p = tl.zeros((HV, BN, NC, HC), dtype=tl.float32)
+            xs = tl.zeros((HV, 1, NC, HC), dtype=tl.float32)
+            for f in tl.static_range(F):
+                if f % G == g:
+                    kk = k0 + value_pos(c, hv, j, f, QT, CPB, B)
+                    xv = tl.load(xrow + kk, mask=kk < K, other=0.0).to(tl.float32)
+                    p += field_q(wq, wh, qh, c, j, f, QT, CPB) * xv
+                    if HAS_MIN:
+                        xs += xv
+            acc += a * tl.sum(p, axis=3, keep_dims=True)
+            if HAS_MIN:
+                acc += cm * tl.sum(xs, axis=3, keep_dims=True)
+    out = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=0)[:, None]  # [BN, 1]
+    offs_m = pid_m + tl.arange(0, 1)
+    _finish(Y, BIAS, PART, LOCK, out, offs_n, offs_m, M, N, stride_ym, pid_m * tl.num_programs(1) + pid_n,
+            pid_k, SPLIT_K, HAS_BIAS, SPLIT)
+
+
+@triton.jit
+def dot_kernel(W, X, Y, BIAS, PART, LOCK, M, N, K, NB, RHW, stride_xm, stride_ym, SPLIT_K,
+               QT: tl.constexpr, B: tl.constexpr, HWB: tl.constexpr, CPB: tl.constexpr, HV: tl.constexpr,
+               HC: tl.constexpr, F: tl.constexpr, G: tl.constexpr, BPS: tl.constexpr, HAS_MIN: tl.constexpr,
+               HAS_BIAS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, SPLIT: tl.constexpr,
+               PREC: tl.constexpr):
+    NC: tl.constexpr = BPS * CPB
+    KF: tl.constexpr = HV * NC * HC  # one field's weights per row and step, flattened as (hv, c, j)
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    rows = offs_n[:, None, None, None]
+    hv = tl.arange(0, HV)[None, :, None, None]
+    c = tl.arange(0, NC)[None, None, :, None]
+    j = tl.arange(0, HC)[None, None, None, :]
+    kf = tl.arange(0, KF)[:, None]
+    kf_hv, kf_c, kf_j = kf // (NC * HC), kf // HC % NC, kf % HC
+    nsteps = tl.cdiv(NB, BPS)
+    per = tl.cdiv(nsteps, SPLIT_K)
+    s0 = pid_k * per
+    s1 = tl.minimum(s0 + per, nsteps)
+    xcols = X + offs_m.to(tl.int64)[None, :] * stride_xm
+    mrow = (offs_m < M)[None, :]
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    for s in range(s0, s1):
+        base, wq, wh, qh = step_tiles(W, rows, s * BPS, N, NB, RHW, c, hv, j, QT, CPB, HWB)
+        k0 = s * BPS * B
+        for g in tl.static_range(G):
+            a, cm = scales(W, base, c, hv, g, QT, CPB)
+            for f in tl.static_range(F):
+                if f % G == g:
+                    w = weights(wq, wh, qh, a, cm, c, j, f, QT, CPB, HAS_MIN).to(X.dtype.element_ty)
+                    kk = k0 + value_pos(kf_c, kf_hv, kf_j, f, QT, CPB, B)
+                    xt = tl.load(xcols + kk, mask=(kk < K) & mrow, other=0.0)
+                    acc = tl.dot(tl.reshape(w, (BN, KF)), xt, acc, input_precision=PREC)
+    _finish(Y, BIAS, PART, LOCK, acc, offs_n, offs_m, M, N, stride_ym, pid_m * tl.num_programs(1) + pid_n,
+            pid_k, SPLIT_K, HAS_BIAS, SPLIT)
+
+
+@triton.jit
+def dequant_kernel(W, OUT, N, K, NB, RHW, stride_o,
+                   QT: tl.constexpr, B: tl.constexpr, HWB: tl.constexpr, CPB: tl.constexpr, HV: tl.constexpr,
+                   HC: tl.constexpr, F: tl.constexpr, G: tl.constexpr, BPS: tl.constexpr,
+                   HAS_MIN: tl.constexpr, BN: tl.constexpr):
+    NC: tl.constexpr = BPS * CPB
+    offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
+    s = tl.program_id(1)
+    rows = offs_n[:, None, None, None]
+    hv = tl.arange(0, HV)[None, :, None, None]
+    c = tl.arange(0, NC)[None, None, :, None]
+    j = tl.arange(0, HC)[None, None, None, :]
+    base, wq, wh, qh = step_tiles(W, rows, s * BPS, N, NB, RHW, c, hv, j, QT, CPB, HWB)
+    dst = OUT + rows.to(tl.int64) * stride_o
+    for g in tl.static_range(G):
+        a, cm = scales(W, base, c, hv, g, QT, CPB)
+        for f in tl.static_range(F):
+            if f % G == g:
+                w = weights(wq, wh, qh, a, cm, c, j, f, QT, CPB, HAS_MIN)
+                kk = s * BPS * B + value_pos(c, hv, j, f, QT, CPB, B)
+                tl.store(dst + kk, w.to(OUT.dtype.element_ty), mask=(rows < N) & (kk < K))
+
+
+def _meta(g: Geom, bps: int) -> dict[str, object]:
+    return dict(QT=g.qt, B=g.block, HWB=g.type_size // 2, CPB=g.cpb, HV=g.hv, HC=g.hc, F=g.fields,
+                G=g.classes, BPS=bps or g.bps, HAS_MIN=g.has_min)
+
+
+def halfwords(qweight: torch.Tensor) -> torch.Tensor:
+    """The raw block bytes ``uint8 [N, R]`` as int16 halfwords ``[N, R / 2]`` (a view: nothing moves)."""
+    if qweight.shape[-1] % 2 or not qweight.is_contiguous() or qweight.data_ptr() % 2:
+        raise ValueError(f"qweight: expected contiguous, 2-byte aligned rows of even length, got shape "
+                         f"{tuple(qweight.shape)}")
+    return qweight.view(torch.int16)
+
+
+def dequantize(qweight: torch.Tensor, qt: int, k: int, dtype: torch.dtype = torch.float32,
+               out: torch.Tensor | None = None, block_n: int = 32) -> torch.Tensor:
+    """Weights ``[N, k]`` in ``dtype`` from raw blocks ``uint8 [N, nb * T]``; float32 is bit-exact."""
+    g = GEOMS[qt]
+    n, w = qweight.shape[0], halfwords(qweight)
+    nb = qweight.shape[1] // g.type_size
+    y = torch.empty((n, k), dtype=dtype, device=qweight.device) if out is None else out
+    if y.numel() == 0:
+        return y
+    grid = (triton.cdiv(n, block_n), triton.cdiv(nb, g.bps))
+    LAST["dequant"] = dequant_kernel[grid](w, y, n, k, nb, w.shape[1], y.stride(0), **_meta(g, 0), BN=block_n,
+                                           num_warps=4, num_stages=1, enable_fp_fusion=False)
+    return y
+
+
+def matmul(x2: torch.Tensor, qweight: torch.Tensor, qt: int, cfg: GConfig, bias: torch.Tensor | None = None,
+           lock: torch.Tensor | None = None) -> torch.Tensor:
+    """``x2 [M, K] @ W^T (+ bias float32)`` -> ``[M, N]`` in x2's dtype with the variant and tiles of ``cfg``.
+
+    ``lock`` (int32 zeros, one per output tile at least) enables split-K."""
+    g = GEOMS[qt]
+    m, k = x2.shape
+    n, w = qweight.shape[0], halfwords(qweight)
+    nb = qweight.shape[1] // g.type_size
+    y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+    if m == 0 or n == 0:
+        return y
+    gemv = cfg.variant == "gemv"
+    bm = 1 if gemv else cfg.block_m
+    grid_m, grid_n = (m if gemv else triton.cdiv(m, bm)), triton.cdiv(n, cfg.block_n)
+    split = cfg.split_k if lock is not None and grid_m * grid_n <= lock.numel() else 1
+    part = torch.empty((split, m, n), dtype=torch.float32, device=x2.device) if split > 1 else y
+    args = (w, x2, y, bias if bias is not None else y, part, lock if lock is not None else w,
+            m, n, k, nb, w.shape[1], x2.stride(0), y.stride(0), split)
+    meta = dict(_meta(g, cfg.bps), HAS_BIAS=bias is not None, BN=cfg.block_n, SPLIT=split > 1,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True)
+    if gemv:
+        LAST["gemv"] = gemv_kernel[(grid_m, grid_n, split)](*args, **meta)
+    else:
+        prec = "ieee" if x2.dtype == torch.float32 else "tf32"
+        LAST["dot"] = dot_kernel[(grid_m, grid_n, split)](*args, **meta, BM=bm, PREC=prec)
+    return y
