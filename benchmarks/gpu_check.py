@@ -30,7 +30,8 @@ TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 BITS = (2, 4, 8)
 GROUPS = (-1, 16, 32, 64, 128, 256, 1024)
 SHAPES = ((2048, 1536), (2144, 1000), (1056, 777), (4096, 512))  # K x N: K tails, odd and unaligned N
-M_VARIANT = ((1, "gemv"), (3, "gemv"), (16, "skinny"), (33, "gemm"), (128, "gemm"), (1024, "dense"))
+M_VARIANT = ((1, "gemv"), (3, "gemv"), (16, "skinny"), (5, "skinny2"), (16, "skinny2"), (33, "gemm"), (128, "gemm"),
+             (33, "gemm2"), (128, "gemm2"), (1024, "dense"))
 
 
 def random_affine(n: int, k: int, bits: int, group: int, sym: bool, desc: bool, gen: torch.Generator) -> AffineWeight:
@@ -182,7 +183,7 @@ def sass_report() -> int:
     layer.prepare()
     print("| kernel | config | regs | spills | smem B | " + " | ".join(SASS_OPS) + " |")
     print("| --- " * (5 + len(SASS_OPS)) + "|")
-    for m, variant in ((1, "gemv"), (16, "skinny"), (128, "gemm"), (1024, "dense")):
+    for m, variant in ((1, "gemv"), (16, "skinny"), (16, "skinny2"), (128, "gemm"), (128, "gemm2"), (1024, "dense")):
         x = torch.randn(m, 4096, device=dev, dtype=torch.bfloat16)
         cfg = layer.config_for(m, dev, variant)
         layer.matmul(x, config=cfg)

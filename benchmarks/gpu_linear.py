@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_peers import PEERS, Fn
 from qlinear.kernels.triton import configs
 from qlinear.kernels.triton.configs import Config
-from qlinear.kernels.triton.layout import Packed, build
+from qlinear.kernels.triton.layout import Packed, build, pack_words
 
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))
 MS = (1, 4, 16, 64, 128, 256, 1024, 4096)
@@ -78,6 +78,19 @@ def our_weight(k: int, n: int, bits: int, gen: torch.Generator) -> Packed:
     return build(codes, scales, zeros, g_idx, bits)
 
 
+def gptq_qweight(p: Packed) -> torch.Tensor:
+    """Our field-blocked words re-packed the plain GPTQ way (word row w holds codes 8w .. 8w+7): the same
+    codes the peers expect. Our runtime words are NOT GPTQ words (field ``j`` of word row ``w`` is sorted
+    row ``(w // R) * R * PF + j * R + w % R``), so handing them to a peer multiplies a different weight."""
+    assert p.perm is None and p.bits == 4 and p.np == p.n
+    pf, r = 32 // p.bits, p.rows_per_block
+    kw, n = p.qweight.shape
+    shifts = torch.arange(0, 32, p.bits, device=p.qweight.device).view(1, pf, 1)
+    fields = (p.qweight.unsqueeze(1) >> shifts) & ((1 << p.bits) - 1)  # [KW, PF, N]: field j of word row w
+    codes = fields.reshape(kw // r, r, pf, n).transpose(1, 2).reshape(kw * pf, n)  # sorted row order
+    return pack_words(codes.to(torch.uint8), p.bits, 1)
+
+
 def our_fns(p: Packed, r: int, cfg: Config) -> list[Fn]:
     from qlinear.kernels.triton.dequant import dense_mm
     from qlinear.kernels.triton.qmm import lock_slots, qmm
@@ -104,15 +117,22 @@ def fmt(us: float | None) -> str:
     return "-" if us is None else f"{us:.1f}"
 
 
-def check_peers(p: Packed, peers: dict[str, list[Fn] | str], gen: torch.Generator) -> None:
-    """Every peer must compute the same product as ours (else its time means nothing)."""
+def check_peers(p: Packed, peers: dict[str, list[Fn] | str], gen: torch.Generator,
+                variants: tuple[str, ...] = ()) -> None:
+    """Every peer, and each of our variants, against one float reference built from the SAME weight copy
+    (ours, dequantized) and the SAME input (else a time means nothing)."""
+    from qlinear.kernels.triton.dequant import dense_t
+
     x = torch.randn(16, p.k, device=DEV, dtype=torch.bfloat16, generator=gen)
-    ref = our_fns(p, 1, config(p, 16))[0](x).float()
+    ref = x.float() @ dense_t(p, torch.float32)
+    outs = {f"ours {v}": our_fns(p, 1, config(p, 16, v))[0](x).float() for v in variants}
+    outs["ours"] = our_fns(p, 1, config(p, 16))[0](x).float()
     for name, fns in peers.items():
         if not isinstance(fns, str):
-            y = fns[0](x).float()
-            err = float((y - ref).norm() / ref.norm())
-            print(f"<!-- {p.k}x{p.n} {name} vs ours: rel diff {err:.1e}{' MISMATCH' if err > 2e-2 else ''} -->")
+            outs[name] = fns[0](x).float()
+    for name, y in outs.items():
+        err = float((y - ref).norm() / ref.norm())
+        print(f"<!-- {p.k}x{p.n} {name} vs reference: rel diff {err:.1e}{' MISMATCH' if err > 2e-2 else ''} -->")
 
 
 def main_table(args: argparse.Namespace, bw: float) -> None:
@@ -122,13 +142,14 @@ def main_table(args: argparse.Namespace, bw: float) -> None:
     for k, n in args.shapes:
         p = our_weight(k, n, 4, gen)
         r_ours = copies(p.qweight.numel() * 4)
+        qw = gptq_qweight(p)
         peers: dict[str, list[Fn] | str] = {}
         for name, make in PEERS.items():
             if name in args.skip:
                 continue
             try:
                 r = copies(k * n * 2) if name == "bf16" else r_ours
-                peers[name] = [make(p.qweight.clone(), p.scales[:, :n].clone()) for _ in range(r)]
+                peers[name] = [make(qw.clone(), p.scales[:, :n].clone()) for _ in range(r)]
             except Exception as err:
                 peers[name] = f"{type(err).__name__}: {err}"[:400]
                 print(f"<!-- {name} unavailable for {k}x{n}: {peers[name]} -->")
@@ -161,24 +182,32 @@ def main_table(args: argparse.Namespace, bw: float) -> None:
 def variants_table(args: argparse.Namespace, bw: float) -> dict[str, object]:
     """Each variant on its own, per shape and M: where the crossovers are."""
     gen = torch.Generator(device=DEV).manual_seed(1)
-    names = ("gemv", "skinny", "gemm", "dense")
+    names = configs.VARIANTS
     winners: dict[int, list[str]] = {}
-    print("| K x N | M | " + " | ".join(names) + " | best |\n| --- | --- |" + " --- |" * (len(names) + 1))
+    print("| K x N | M | " + " | ".join(names) + " | best | configs |\n| --- | --- |" + " --- |" * (len(names) + 2))
     for k, n in args.shapes:
         p = our_weight(k, n, 4, gen)
         r = copies(p.qweight.numel() * 4)
+        check_peers(p, {}, gen, names)
         for m in args.m:
             x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
             t = {}
             for v in names:
-                if (v == "gemv" and m > 16) or (v == "skinny" and m > 256) or (v == "dense" and m < 16):
+                if ((v == "gemv" and m > 16) or (v.startswith("skinny") and m > 256) or (v == "dense" and m < 16)
+                        or (v.startswith("gemm") and m < 16)):
                     continue
-                t[v] = timed(our_fns(p, r, config(p, m, v)), x, args.reps)
+                try:
+                    t[v] = timed(our_fns(p, r, config(p, m, v)), x, args.reps)
+                except Exception as err:  # out of resources: report, keep timing the rest
+                    print(f"<!-- {k}x{n} M={m} {v} {config(p, m, v)}: {type(err).__name__}: {str(err)[:200]} -->")
             best = min(t, key=t.__getitem__)
             winners.setdefault(m, []).append(best)
-            print(f"| {k}x{n} | {m} | " + " | ".join(fmt(t.get(v)) for v in names) + f" | {best} |", flush=True)
+            cfgs = " ".join(f"{v}={config(p, m, v).block_m}x{config(p, m, v).block_n}x{config(p, m, v).block_k}"
+                            f"s{config(p, m, v).split_k}" for v in t if v != "dense")
+            print(f"| {k}x{n} | {m} | " + " | ".join(fmt(t.get(v)) for v in names) + f" | {best} | {cfgs} |",
+                  flush=True)
     cross: dict[str, int] = {}
-    for v in ("gemv", "skinny", "gemm"):
+    for v in names[:-1]:
         ms = [m for m, w in winners.items() if max(set(w), key=w.count) == v]
         if ms:
             cross[v] = configs.m_bucket(max(ms))

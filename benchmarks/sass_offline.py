@@ -33,7 +33,7 @@ from gpu_check import SASS_OPS, sass_counts
 from qlinear.kernels.triton import configs
 from qlinear.kernels.triton.dequant import dequant_kernel
 from qlinear.kernels.triton.layout import block_rows
-from qlinear.kernels.triton.qmm import qmm_kernel
+from qlinear.kernels.triton.qmm import V2, block_k2, qmm2_kernel, qmm_kernel
 
 POINTERS = {"X": "*bf16", "W": "*i32", "S": "*fp16", "Z": "*u8", "PERM": "*i32", "BIAS": "*fp16", "Y": "*bf16",
             "PART": "*fp32", "LOCK": "*i32", "OUT": "*bf16"}
@@ -57,7 +57,8 @@ def registers(cubin: bytes) -> str:
 def compile_one(fn: object, constants: dict[str, object], warps: int, stages: int) -> object:
     names = fn.arg_names  # type: ignore[attr-defined]
     sig = {a: "constexpr" if a in constants else POINTERS.get(a, "i32") for a in names}
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in POINTERS or a in ALIGNED}
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names
+             if (a in POINTERS or a in ALIGNED) and a not in constants}
     src = ASTSource(fn, sig, constexprs=constants, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
 
@@ -69,6 +70,9 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--dump", help="write each kernel's SASS and TTGIR here")
+    ap.add_argument("--variants", default="gemv,skinny,skinny2,gemm,gemm2,dense")
+    ap.add_argument("--m", type=int, default=0, help="rows (default: a typical M per variant)")
+    ap.add_argument("--cfg", help="override bm,bn,bk,split,warps,stages")
     args = ap.parse_args()
     pf = 32 // args.bits
     group = configs.CHANNELWISE if args.group == -1 else args.group
@@ -76,14 +80,27 @@ def main() -> int:
     print(f"sm_90, triton {triton.__version__}, {args.bits}-bit g{args.group} K={args.k} N={args.n} bf16, sym, R={r}")
     print("| kernel | config | regs | spills | smem B | " + " | ".join(SASS_OPS) + " |")
     print("| --- " * (5 + len(SASS_OPS)) + "|")
-    for m, variant in ((1, "gemv"), (16, "skinny"), (128, "gemm"), (1024, "dense")):
+    ap_m = {"gemv": 1, "skinny": 16, "skinny2": 16, "gemm": 128, "gemm2": 128, "dense": 1024}
+    for variant in args.variants.split(","):
+        m = args.m or ap_m[variant]
         cfg = configs.legal(configs.choose("offline", 132, m, args.n, args.k, args.bits, group, variant),
                             m, args.k, args.bits)
+        if args.cfg:
+            bm, bn, bk, sk, w, st = (int(v) for v in args.cfg.split(","))
+            cfg = configs.Config(variant, bm, bn, bk, sk, w, st)
         one = cfg.block_k <= r * pf or group % cfg.block_k == 0
         common = dict(BITS=args.bits, R=r, ZC=1 << (args.bits - 1), ONE_GROUP=one, HAS_Z=False, HAS_PERM=False,
                       BLOCK_K=cfg.block_k, BLOCK_N=cfg.block_n)
         if variant == "dense":
             kern = compile_one(dequant_kernel, common, cfg.num_warps, 1)
+        elif variant in V2:
+            fb = r * pf
+            bk = max(cfg.block_k, fb) // fb * fb
+            assert bk == block_k2(type("P", (), {"rows_per_block": r, "bits": args.bits})(), cfg.block_k)
+            common.update(BLOCK_K=bk, ONE_GROUP=bk <= fb or group % bk == 0, HAS_BIAS=False,
+                          BLOCK_M=cfg.block_m, SPLIT=cfg.split_k > 1, EVEN_K=True, EVEN_N=True, GS=group)
+            del common["HAS_PERM"]
+            kern = compile_one(qmm2_kernel, common, cfg.num_warps, cfg.num_stages)
         else:
             common.update(HAS_BIAS=False, BLOCK_M=cfg.block_m if variant != "gemv" else 1, SPLIT=cfg.split_k > 1,
                           USE_DOT=variant != "gemv", EVEN_K=True, EVEN_N=True)

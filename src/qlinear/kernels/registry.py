@@ -21,6 +21,8 @@ FAMILIES: tuple[str, ...] = (
     "triton_gptq",
     "triton_awq",
     "gguf_torch",
+    "gguf_triton",
+    "gguf_ggml",
 )
 
 

@@ -5,6 +5,8 @@ A config is chosen per call from the flattened row count M. Variants, each with 
 * ``gemv``   split-K, multiply-reduce on CUDA cores, one row per program (M <= 2): memory bound, decode.
 * ``skinny`` split-K, ``tl.dot`` with a 16-row tile (M <= 16..64).
 * ``gemm``   tiled dequant-in-the-loop ``tl.dot`` (M up to ~512), split-K only when tiles are few.
+* ``skinny2``/``gemm2`` the same two roles in ``qmm2_kernel``: A contiguous (x in sorted order), B words
+  broadcast to every field and shifted per K row (no gather, no stack/join of fields).
 * ``dense``  dequantize into a transient dense weight and call cuBLAS (large M).
 
 The table (``tuned_<device>.json``) is keyed by device name, then ``variant:m=<bucket>:n=:k=:b=:g=``;
@@ -19,11 +21,11 @@ from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from typing import Any
 
-VARIANTS = ("gemv", "skinny", "gemm", "dense")
+VARIANTS = ("gemv", "skinny", "skinny2", "gemm", "gemm2", "dense")
 #: group length the kernels use for "one group spans K" (any block is inside group 0)
 CHANNELWISE = 1 << 30
 #: default crossovers (largest M bucket served), used when the table has none for a device/bits
-DEFAULT_CROSSOVERS = {"gemv": 2, "skinny": 16, "gemm": 512}
+DEFAULT_CROSSOVERS = {"gemv": 2, "skinny2": 16, "gemm2": 512}
 TABLES = ("tuned_h200.json",)
 
 
@@ -74,7 +76,7 @@ def pick_variant(device: str, m: int, bits: int) -> str:
     cross = _tables().get(device, {}).get("crossovers", {})
     limits = cross.get(str(bits)) or cross.get("default") or DEFAULT_CROSSOVERS
     b = m_bucket(m)
-    for v in ("gemv", "skinny", "gemm"):
+    for v in VARIANTS[:-1]:
         if v in limits and b <= int(limits[v]):
             return v
     return "dense"
@@ -111,6 +113,18 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         tiles = -(-m // bm) * -(-n // block_n)
         split = _split(tiles, -(-k // bk), sms, 1, 4)  # partials cost M*N*8 bytes a split: only when few tiles
         return Config("gemm", bm, block_n, bk, split, 4 if bm == 64 else 8, 4)
+    if variant == "skinny2":  # 16-row mma tiles; split K to about 4 CTAs per SM (memory bound: fill HBM)
+        bn = 128 if n >= 8192 else 64 if n >= 64 else 32
+        bk = 128 if bits >= 4 else 256
+        split = _split(-(-n // bn), -(-k // bk), sms, 4, 2)
+        return Config("skinny2", 16, bn, bk, split, 4, 4)
+    if variant == "gemm2":  # wgmma tiles (64 rows per warpgroup)
+        bm = 64 if m <= 64 else 128
+        bn = 128 if n >= 128 else max(32, 1 << (n - 1).bit_length())
+        bk = 64 if bits >= 4 else 128
+        tiles = -(-m // bm) * -(-n // bn)
+        split = _split(tiles, -(-k // bk), sms, 1, 8)
+        return Config("gemm2", bm, bn, bk, split, 4 if bm == 64 else 8, 4 if bm == 64 else 3)
     if variant == "dense":
         return Config("dense", 1, 128, 16 * pf, 1, 4, 1)
     raise ValueError(f"variant: expected one of {', '.join(VARIANTS)}, got {variant!r}")
@@ -137,7 +151,7 @@ def choose(device: str, sms: int, m: int, n: int, k: int, bits: int, group: int,
 def legal(cfg: Config, m: int, k: int, bits: int) -> Config:
     """Clamp a config to what the kernels accept for this call (powers of two, dot minimums, split range)."""
     pf = 32 // bits
-    bk = max(cfg.block_k, pf, 16 * (cfg.variant in ("skinny", "gemm")))
+    bk = max(cfg.block_k, pf, 16 * (cfg.variant in ("skinny", "gemm", "skinny2", "gemm2")))
     bm = 1 if cfg.variant == "gemv" else max(16, cfg.block_m)
     if cfg.variant == "gemv":  # the layout contract of the GEMV body
         cfg = replace(cfg, block_n=128 * cfg.num_warps)

@@ -50,7 +50,7 @@ GEOMS = {g.qt: g for g in (
     Geom(12, 256, 144, 4, 2, 8, 4, 2, 1, True),    # Q4_K
     Geom(13, 256, 176, 4, 2, 8, 4, 2, 1, True),    # Q5_K
     Geom(14, 256, 210, 4, 2, 8, 4, 2, 1, False),   # Q6_K
-    Geom(40, 32, 6, 1, 1, 2, 16, 1, 4, False),     # Q1_0 (the reference's 32-value type)
+    Geom(40, 32, 6, 1, 1, 2, 16, 1, 8, False),     # Q1_0 (the reference's 32-value type)
     Geom(41, 128, 18, 1, 1, 8, 16, 1, 4, False),   # Q1_0_G128
 )}
 
@@ -150,24 +150,26 @@ def field_q(wq, wh, qh, c, j, f: tl.constexpr, QT: tl.constexpr, CPB: tl.constex
     if QT == 8:  # two signed bytes: flip the sign bit so the byte reads q + 128
         v = ((wq ^ (0x80 << (8 * f))) & (0xFF << (8 * f))) | MAGIC
         s: tl.constexpr = 1.0 / (1 << (8 * f))
-        return tl.fma(v.to(tl.float32, bitcast=True), s, -(8388608.0 * s + 128.0))
-    if QT == 40 or QT == 41:  # sixteen sign bits: 2 * bit - 1
-        v = (wq & (1 << f)) | MAGIC  # 2^24 + 1 is no float32: take the bit, then 2 * bit - 1
+        q = tl.fma(v.to(tl.float32, bitcast=True), s, -(8388608.0 * s + 128.0))
+    elif QT == 40 or QT == 41:  # sixteen sign bits: 2 * bit - 1 (2^24 + 1 is no float32: the bit first)
+        v = (wq & (1 << f)) | MAGIC
         s1: tl.constexpr = 1.0 / (1 << f)
-        return tl.fma(tl.fma(v.to(tl.float32, bitcast=True), s1, -8388608.0 * s1), 2.0, -1.0)
-    v = (wq & (0xF << (4 * f))) | MAGIC  # nibble f in place
-    if QT == 6 or QT == 7:  # value 16 * (f % 2) + 2j + f // 2 takes bit 4 from qh
-        bit = (qh >> (16 * (f % 2) + 2 * j + f // 2)) & 1
-        v = v | (bit << (4 + 4 * f))
-    elif QT == 13:  # qh byte i bit r: this field's byte parity f // 2, run 2 * chunk + f % 2
-        bit = (wh >> (8 * (f // 2) + 2 * (c % CPB) + f % 2)) & 1
-        v = v | (bit << (4 + 4 * f))
-    elif QT == 14:  # qh byte i, 2 bits of row 4h + rr at 2 * rr; rr = t + 2 * (f % 2)
-        two = (wh >> (8 * (f // 2) + 2 * (c % CPB % 2) + 4 * (f % 2))) & 3
-        v = v | (two << (4 + 4 * f))
-    off: tl.constexpr = 8.0 if QT == 2 else 16.0 if QT == 6 else 32.0 if QT == 14 else 0.0
-    s2: tl.constexpr = 1.0 / (1 << (4 * f))
-    return tl.fma(v.to(tl.float32, bitcast=True), s2, -(8388608.0 * s2 + off))
+        q = tl.fma(tl.fma(v.to(tl.float32, bitcast=True), s1, -8388608.0 * s1), 2.0, -1.0)
+    else:
+        v = (wq & (0xF << (4 * f))) | MAGIC  # nibble f in place
+        if QT == 6 or QT == 7:  # value 16 * (f % 2) + 2j + f // 2 takes bit 4 from qh
+            bit = (qh >> (16 * (f % 2) + 2 * j + f // 2)) & 1
+            v = v | (bit << (4 + 4 * f))
+        elif QT == 13:  # qh byte i bit r: this field's byte parity f // 2, run 2 * chunk + f % 2
+            bit = (wh >> (8 * (f // 2) + 2 * (c % CPB) + f % 2)) & 1
+            v = v | (bit << (4 + 4 * f))
+        elif QT == 14:  # qh byte i, 2 bits of row 4h + rr at 2 * rr; rr = t + 2 * (f % 2)
+            two = (wh >> (8 * (f // 2) + 2 * (c % CPB % 2) + 4 * (f % 2))) & 3
+            v = v | (two << (4 + 4 * f))
+        off: tl.constexpr = 8.0 if QT == 2 else 16.0 if QT == 6 else 32.0 if QT == 14 else 0.0
+        s2: tl.constexpr = 1.0 / (1 << (4 * f))
+        q = tl.fma(v.to(tl.float32, bitcast=True), s2, -(8388608.0 * s2 + off))
+    return q
 
 
 @triton.jit

@@ -55,7 +55,7 @@ def _finish(Y, BIAS, PART, LOCK, out, offs_n, offs_m, M, N, stride_ym, tile, pid
 def gemv_kernel(W, X, Y, BIAS, PART, LOCK, M, N, K, NB, RHW, stride_xm, stride_ym, SPLIT_K,
                 QT: tl.constexpr, B: tl.constexpr, HWB: tl.constexpr, CPB: tl.constexpr, HV: tl.constexpr,
                 HC: tl.constexpr, F: tl.constexpr, G: tl.constexpr, BPS: tl.constexpr, HAS_MIN: tl.constexpr,
-                HAS_BIAS: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+                HAS_BIAS: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr):
     # Tile [HV, BN, NC, HC]: one 16-byte vector per (vector, row, chunk), the vector dim in front so it
     # stays within a thread; chunk and row dims spread over the lanes like the [.., BN, NC, 1] scale
     # tensors, so sums over HC meet the scales with no layout conversion.
@@ -74,17 +74,42 @@ def gemv_kernel(W, X, Y, BIAS, PART, LOCK, M, N, K, NB, RHW, stride_xm, stride_y
     s1 = tl.minimum(s0 + per, nsteps)
     xrow = X + pid_m.to(tl.int64) * stride_xm
     acc = tl.zeros((HV, BN, NC, 1), dtype=tl.float32)
+    HIOFF: tl.constexpr = 32 if QT == 12 or QT == 13 else 64 if QT == 14 else 16
+    hi6 = tl.arange(0, 2)[:, None, None, None, None, None]
+    hv6 = tl.arange(0, HV)[None, :, None, None, None, None]
+    c6 = tl.arange(0, NC)[None, None, None, :, None, None]
+    j6 = tl.arange(0, HC)[None, None, None, None, :, None]
+    p6 = tl.arange(0, 2)[None, None, None, None, None, :]
     for s in range(s0, s1):
         base, wq, wh, qh = step_tiles(W, rows, s * BPS, N, NB, RHW, c, hv, j, QT, CPB, HWB)
         k0 = s * BPS * B
+        if F == 4:  # nibble types: field f = (hi, p) reads x at xbase + HIOFF * hi + 2j + p
+            xk = k0 + (value_pos(c6, hv6, j6, 0, QT, CPB, B) + HIOFF * hi6 + p6)
+            if EVEN_K:
+                xe = tl.load(xrow + xk).to(tl.float32)
+            else:
+                xe = tl.load(xrow + xk, mask=xk < K, other=0.0).to(tl.float32)
+            x_p0, x_p1 = tl.split(xe)
+            x00, x01 = tl.split(tl.permute(x_p0, (1, 2, 3, 4, 0)))
+            x10, x11 = tl.split(tl.permute(x_p1, (1, 2, 3, 4, 0)))
         for g in tl.static_range(G):
             a, cm = scales(W, base, c, hv, g, QT, CPB)
             p = tl.zeros((HV, BN, NC, HC), dtype=tl.float32)
             xs = tl.zeros((HV, 1, NC, HC), dtype=tl.float32)
             for f in tl.static_range(F):
                 if f % G == g:
-                    kk = k0 + value_pos(c, hv, j, f, QT, CPB, B)
-                    xv = tl.load(xrow + kk, mask=kk < K, other=0.0).to(tl.float32)
+                    if F == 4:
+                        if f == 0:
+                            xv = x00
+                        elif f == 1:
+                            xv = x01
+                        elif f == 2:
+                            xv = x10
+                        else:
+                            xv = x11
+                    else:
+                        kk = k0 + value_pos(c, hv, j, f, QT, CPB, B)
+                        xv = tl.load(xrow + kk, mask=kk < K, other=0.0).to(tl.float32)
                     p += field_q(wq, wh, qh, c, j, f, QT, CPB) * xv
                     if HAS_MIN:
                         xs += xv
@@ -211,7 +236,8 @@ def matmul(x2: torch.Tensor, qweight: torch.Tensor, qt: int, cfg: GConfig, bias:
     meta = dict(_meta(g, cfg.bps), HAS_BIAS=bias is not None, BN=cfg.block_n, SPLIT=split > 1,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True)
     if gemv:
-        LAST["gemv"] = gemv_kernel[(grid_m, grid_n, split)](*args, **meta)
+        even = k % (meta["BPS"] * g.block) == 0  # every step's activations lie inside the row
+        LAST["gemv"] = gemv_kernel[(grid_m, grid_n, split)](*args, **meta, EVEN_K=even)
     else:
         prec = "ieee" if x2.dtype == torch.float32 else "tf32"
         LAST["dot"] = dot_kernel[(grid_m, grid_n, split)](*args, **meta, BM=bm, PREC=prec)

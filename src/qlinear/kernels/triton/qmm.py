@@ -103,6 +103,104 @@ def qmm_kernel(X, W, S, Z, PERM, BIAS, Y, PART, LOCK,
             tl.atomic_xchg(LOCK + tile, 0, sem="relaxed", scope="gpu")
 
 
+@triton.jit
+def qmm2_kernel(X, W, S, Z, BIAS, Y, PART, LOCK,
+                M, N, K, KW, G, NP, SPLIT_K, stride_xm, stride_ym, GS: tl.constexpr,
+                BITS: tl.constexpr, R: tl.constexpr, ZC: tl.constexpr, ONE_GROUP: tl.constexpr,
+                HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                SPLIT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+    """``gemm2`` / ``skinny2``: A is x in sorted order (contiguous 2-D tiles, no gather), B is built the
+    classic GPTQ way: the step's ``BKW`` word rows broadcast to every field and shifted by a constant
+    pattern per K row. ``BLOCK_K`` is a multiple of a field block (``R * PF`` codes), so the tile's K
+    rows are the sorted rows ``k0 .. k0 + BLOCK_K`` in order: tile row ``i = a*R*PF + j*R + r`` is
+    field ``j`` of word row ``a*R + r``. One word load per weight word (no replicated loads), no
+    stack/join; the tile goes to shared memory once for the dot (wgmma B operand). The group length
+    ``GS`` is a compile-time value (a shift or a multiply, not a 20-instruction division per step).
+
+    Grid ``(M tiles * N tiles, SPLIT_K)``, M tiles fastest: CTAs that share a weight tile are adjacent
+    in launch order, so the tile comes from HBM once and from L2 for the other M tiles.
+    """
+    PF: tl.constexpr = 32 // BITS
+    BKW: tl.constexpr = BLOCK_K // PF
+    NB: tl.constexpr = BKW // R  # field blocks per step
+    MASK: tl.constexpr = (1 << BITS) - 1
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    pid_m = pid % grid_m
+    pid_n = pid // grid_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    nmask = (offs_n < NP) | EVEN_N
+    # tile row i is field j = (i // R) % PF, in half-word j // HALF at bit BITS * (j % HALF); every row
+    # of a thread's registers has a compile-time field, so these fold into immediates per register
+    HALF: tl.constexpr = PF // 2
+    fj = (offs_k // R) % PF
+    low = (fj < HALF)[:, None]
+    fmask = ((MASK << (BITS * (fj % HALF))) | 0x4B000000)[:, None]
+    fc = (1.0 / (1 << (BITS * (fj % HALF))).to(tl.float32))[:, None]  # 2^-(BITS * i)
+    nkb = tl.cdiv(KW, BKW)
+    per = tl.cdiv(nkb, SPLIT_K)
+    kb0 = pid_k * per
+    kb1 = tl.minimum(kb0 + per, nkb)
+    a_ptr = X + offs_m[:, None] * stride_xm + offs_k[None, :]
+    mrow = (offs_m < M)[:, None]
+    cols = tl.max_contiguous(offs_n, 4)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(kb0, kb1):
+        k0 = kb * BLOCK_K
+        row0 = kb * BKW
+        rows = row0 + tl.arange(0, BKW)
+        w = load_words(W, rows, offs_n, KW, NP, EVEN_K, EVEN_N)  # [BKW, BN], one load per word
+        lo, hi = halves(w)  # per word: low / high 16 bits OR-ed into float 2^23 (see gemv_term)
+        # [NB, R, BN] -> [NB, PF, R, BN] -> [BLOCK_K, BN]: row a*PF*R + j*R + r is word row a*R + r
+        lo = tl.reshape(tl.broadcast_to(tl.reshape(lo, (NB, 1, R, BLOCK_N)), (NB, PF, R, BLOCK_N)),
+                        (BLOCK_K, BLOCK_N))
+        hi = tl.reshape(tl.broadcast_to(tl.reshape(hi, (NB, 1, R, BLOCK_N)), (NB, PF, R, BLOCK_N)),
+                        (BLOCK_K, BLOCK_N))
+        # field masked in place (one LOP3): 2^23 + q * 2^(BITS*i); FMA by 2^-(BITS*i) leaves q - z
+        f = (tl.where(low, lo, hi) & fmask).to(tl.float32, bitcast=True)
+        if ONE_GROUP:
+            g = k0 // GS
+            s = tl.load(S + g * NP + cols[None, :], mask=nmask[None, :], other=0.0).to(tl.float32)
+            if HAS_Z:
+                z = tl.load(Z + g * NP + cols[None, :], mask=nmask[None, :], other=0).to(tl.float32)
+            else:
+                z = tl.full([1, BLOCK_N], ZC, tl.float32)
+        else:
+            g = (k0 + offs_k) // GS
+            ok = (g < G)[:, None] & nmask[None, :]
+            off = g[:, None] * NP + cols[None, :]
+            s = tl.load(S + off, mask=ok, other=0.0).to(tl.float32)
+            if HAS_Z:  # noqa: SIM108 (constexpr branch)
+                z = tl.load(Z + off, mask=ok, other=0).to(tl.float32)
+            else:
+                z = tl.full([1, BLOCK_N], ZC, tl.float32)
+        b = (tl.fma(f, fc, -(z + 8388608.0 * fc)) * s).to(X.dtype.element_ty)
+        if EVEN_K:
+            a = tl.load(a_ptr + k0, mask=mrow, other=0.0)
+        else:
+            a = tl.load(a_ptr + k0, mask=mrow & ((k0 + offs_k) < K)[None, :], other=0.0)
+        acc = tl.dot(a, b, acc)
+    if not SPLIT:
+        store_out(Y, BIAS, acc, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
+    else:
+        mn = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+        part = PART + offs_m[:, None] * N + offs_n[None, :]
+        tl.store(part + pid_k * M * N, acc, mask=mn)
+        tl.debug_barrier()  # every thread's partial is written before the counter is released
+        tile = pid
+        seen = tl.atomic_add(LOCK + tile, 1, sem="acq_rel", scope="gpu")
+        if seen == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for sk in range(SPLIT_K):
+                total += tl.load(part + sk * M * N, mask=mn, other=0.0, cache_modifier=".cg")
+            store_out(Y, BIAS, total, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
+            tl.atomic_xchg(LOCK + tile, 0, sem="relaxed", scope="gpu")
+
+
 #: the last compiled kernel launched (for resource and SASS inspection by benchmarks/gpu_check.py --sass)
 LAST: dict[str, object] = {}
 
@@ -136,6 +234,8 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
     y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device) if out is None else out
     if m == 0:
         return y
+    if cfg.variant in V2:
+        return qmm2(x2, p, cfg, bias, lock, y)
     use_dot = cfg.variant != "gemv"
     bm = cfg.block_m if use_dot else 1
     perm, kx = p.perm, p.k
@@ -154,4 +254,39 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
         HAS_PERM=perm is not None, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SPLIT=split > 1, USE_DOT=use_dot, EVEN_K=kx == p.kp and p.kp % cfg.block_k == 0,
         EVEN_N=p.np % cfg.block_n == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return y
+
+
+#: variants run by ``qmm2_kernel`` (contiguous A, classic broadcast-shift B)
+V2 = ("skinny2", "gemm2")
+
+
+def block_k2(p: Packed, block_k: int) -> int:
+    """``qmm2_kernel``'s K step: a multiple of a field block (``R * PF`` codes)."""
+    fb = p.rows_per_block * (32 // p.bits)
+    return max(block_k, fb) // fb * fb
+
+
+def qmm2(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lock: torch.Tensor | None,
+         y: torch.Tensor) -> torch.Tensor:
+    """Launch ``qmm2_kernel``: x in sorted order (one gather when act-order, else x itself)."""
+    m = x2.shape[0]
+    if p.perm is not None:
+        x2, kx = gather_cols(x2, p), p.kp
+    else:
+        kx = p.k
+    bk = block_k2(p, cfg.block_k)
+    bm = cfg.block_m
+    tiles = triton.cdiv(m, bm) * triton.cdiv(p.n, cfg.block_n)
+    split = cfg.split_k if lock is not None and tiles <= lock.numel() else 1
+    part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
+    LAST["qmm"] = qmm2_kernel[(tiles, split)](
+        x2, p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales,
+        bias if bias is not None else y, y, part, lock if lock is not None else p.qweight,
+        m, p.n, kx, p.qweight.shape[0], p.scales.shape[0], p.np, split, x2.stride(0), y.stride(0),
+        GS=p.group, BITS=p.bits, R=p.rows_per_block, ZC=p.zero_const, ONE_GROUP=one_group(p, bk),
+        HAS_Z=p.zeros is not None, HAS_BIAS=bias is not None,
+        BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=bk, SPLIT=split > 1,
+        EVEN_K=kx == p.kp and p.kp % bk == 0, EVEN_N=p.np % cfg.block_n == 0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
