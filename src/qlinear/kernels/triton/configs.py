@@ -25,7 +25,10 @@ VARIANTS = ("gemv", "skinny", "skinny2", "gemm", "gemm2", "dense")
 #: group length the kernels use for "one group spans K" (any block is inside group 0)
 CHANNELWISE = 1 << 30
 #: default crossovers (largest M bucket served), used when the table has none for a device/bits
-DEFAULT_CROSSOVERS = {"gemv": 2, "skinny2": 16, "gemm2": 512}
+DEFAULT_CROSSOVERS = {"gemv": 1, "skinny2": 16, "gemm2": 256}
+#: shared memory a pipelined tile config may take (bytes): under the 227 KiB (232448 B) opt-in limit of
+#: sm_90; the compiler takes up to ~1.45x this estimate (layout buffers), and a 2-bit 128x128x128 x 4-stage config asked 258048 B on the H200.
+SMEM_BUDGET = 150 * 1024
 TABLES = ("tuned_h200.json",)
 
 
@@ -113,18 +116,21 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         tiles = -(-m // bm) * -(-n // block_n)
         split = _split(tiles, -(-k // bk), sms, 1, 4)  # partials cost M*N*8 bytes a split: only when few tiles
         return Config("gemm", bm, block_n, bk, split, 4 if bm == 64 else 8, 4)
+    # skinny2/gemm2: tiles where each thread holds its word rows whole (4 columns x 1-2 rows): the offline
+    # SASS (triton 3.6 and 3.9, sm_90) then stores the dequantized B tile with 8-byte STS and no PRMT;
+    # 16x128 w4 and 64x128 w4 make 4x the shared stores (135/72 STS, 64/32 PRMT)
     if variant == "skinny2":  # 16-row mma tiles; split K to about 4 CTAs per SM (memory bound: fill HBM)
-        bn = 128 if n >= 8192 else 64 if n >= 64 else 32
+        bn = 64 if n >= 64 else 32
         bk = 128 if bits >= 4 else 256
         split = _split(-(-n // bn), -(-k // bk), sms, 4, 2)
         return Config("skinny2", 16, bn, bk, split, 4, 4)
-    if variant == "gemm2":  # wgmma tiles (64 rows per warpgroup)
+    if variant == "gemm2":  # wgmma tiles (64 rows per warpgroup), 8 warps
         bm = 64 if m <= 64 else 128
         bn = 128 if n >= 128 else max(32, 1 << (n - 1).bit_length())
         bk = 64 if bits >= 4 else 128
         tiles = -(-m // bm) * -(-n // bn)
         split = _split(tiles, -(-k // bk), sms, 1, 8)
-        return Config("gemm2", bm, bn, bk, split, 4 if bm == 64 else 8, 4 if bm == 64 else 3)
+        return Config("gemm2", bm, bn, bk, split, 8, 4 if bm == 64 else 3)
     if variant == "dense":
         return Config("dense", 1, 128, 16 * pf, 1, 4, 1)
     raise ValueError(f"variant: expected one of {', '.join(VARIANTS)}, got {variant!r}")
@@ -155,6 +161,12 @@ def legal(cfg: Config, m: int, k: int, bits: int) -> Config:
     bm = 1 if cfg.variant == "gemv" else max(16, cfg.block_m)
     if cfg.variant == "gemv":  # the layout contract of the GEMV body
         cfg = replace(cfg, block_n=128 * cfg.num_warps)
+    stages = cfg.num_stages
+    if cfg.variant != "gemv":  # keep the pipeline's A and B tiles inside Hopper's 227 KiB of shared memory
+        while stages > 2 and stages * (bm * bk + bk * cfg.block_n) * 2 > SMEM_BUDGET:
+            stages -= 1
+        while bk > max(16, pf) and stages * (bm * bk + bk * cfg.block_n) * 2 > SMEM_BUDGET:
+            bk //= 2
     words = -(-k // pf)
     nkb = -(-words // (bk // pf))
-    return replace(cfg, block_m=bm, block_k=bk, split_k=max(1, min(cfg.split_k, nkb)))
+    return replace(cfg, block_m=bm, block_k=bk, num_stages=stages, split_k=max(1, min(cfg.split_k, nkb)))

@@ -101,11 +101,11 @@ def step_tiles(W, rows, blk0, N, NB, RHW, c, hv, j, QT: tl.constexpr, CPB: tl.co
         qs = 24 + 16 * cc
     else:  # Q6_K: ql chunk (h, t) = 2h + t at byte 64h + 32t
         qs = 16 * cc
-    wq = tl.load(W + (base + qs + 8 * hv + j)).to(tl.int32)
+    wq = tl.load(W + (base + qs + 8 * hv + j)).to(tl.uint16, bitcast=True).to(tl.int32)
     if QT == 13:
-        wh = tl.load(W + (base + 8 + 8 * hv + j)).to(tl.int32)
+        wh = tl.load(W + (base + 8 + 8 * hv + j)).to(tl.uint16, bitcast=True).to(tl.int32)
     elif QT == 14:  # qh of half h, vector u
-        wh = tl.load(W + (base + 64 + 16 * (cc // 2) + 8 * hv + j)).to(tl.int32)
+        wh = tl.load(W + (base + 64 + 16 * (cc // 2) + 8 * hv + j)).to(tl.uint16, bitcast=True).to(tl.int32)
     else:
         wh = wq
     if QT == 6 or QT == 7:  # noqa: SIM108 (constexpr branch)

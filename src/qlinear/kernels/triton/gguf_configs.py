@@ -22,7 +22,8 @@ CROSSOVERS = {"gemv": 2, "skinny": 16, "gemm": 128}
 @dataclass(frozen=True)
 class GConfig:
     """One launch: output rows per program (``block_n``), activation rows (``block_m``), blocks per step
-    (``bps``, 0: the type's default), split-K factor, warps and pipeline depth."""
+    (``bps``, 0: the type's default), split-K factor, warps, pipeline depth, and for ``gemv`` the tile
+    arrangement (``jt``: -1 by type, 0 one 16-byte vector a thread, 1 halfwords in-thread)."""
 
     variant: str
     block_m: int = 1
@@ -31,6 +32,7 @@ class GConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 2
+    jt: int = -1
 
 
 def pick_variant(m: int) -> str:

@@ -55,25 +55,34 @@ def _finish(Y, BIAS, PART, LOCK, out, offs_n, offs_m, M, N, stride_ym, tile, pid
 def gemv_kernel(W, X, Y, BIAS, PART, LOCK, M, N, K, NB, RHW, stride_xm, stride_ym, SPLIT_K,
                 QT: tl.constexpr, B: tl.constexpr, HWB: tl.constexpr, CPB: tl.constexpr, HV: tl.constexpr,
                 HC: tl.constexpr, F: tl.constexpr, G: tl.constexpr, BPS: tl.constexpr, HAS_MIN: tl.constexpr,
-                HAS_BIAS: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr):
-    # Tile [HV, BN, NC, HC]: one 16-byte vector per (vector, row, chunk), the vector dim in front so it
-    # stays within a thread; chunk and row dims spread over the lanes like the [.., BN, NC, 1] scale
-    # tensors, so sums over HC meet the scales with no layout conversion.
+                HAS_BIAS: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+                JT: tl.constexpr):
+    # Tile [HV, BN, NC, HC] (JT: [HC, BN, NC, HV]): the halfwords a scale multiplies stay within one
+    # thread, chunk and row dims spread over the lanes like the [.., BN, NC, ..] scale tensors, so sums
+    # meet the scales with no layout conversion and no shuffle. Aligned types load one 16-byte vector per
+    # (vector, row, chunk); the others (JT) load halfwords one by one, in-thread.
     NC: tl.constexpr = BPS * CPB
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     offs_n = pid_n * BN + tl.arange(0, BN)
-    hv = tl.arange(0, HV)[:, None, None, None]
     rows = offs_n[None, :, None, None]
     c = tl.arange(0, NC)[None, None, :, None]
-    j = tl.arange(0, HC)[None, None, None, :]
+    if JT:  # unaligned blocks: halfwords on the in-thread dim 0 (an opaque 1 hides their contiguity)
+        one = tl.maximum(NB, 1) // tl.maximum(NB, 1)
+        j = tl.arange(0, HC)[:, None, None, None] * one
+        hv = tl.arange(0, HV)[None, None, None, :]
+        RED: tl.constexpr = 0
+    else:  # 16-byte aligned vectors (Q4_K, Q5_K): one vector a thread on dim 3, vectors on dim 0
+        j = tl.arange(0, HC)[None, None, None, :]
+        hv = tl.arange(0, HV)[:, None, None, None]
+        RED: tl.constexpr = 3
     nsteps = tl.cdiv(NB, BPS)
     per = tl.cdiv(nsteps, SPLIT_K)
     s0 = pid_k * per
     s1 = tl.minimum(s0 + per, nsteps)
     xrow = X + pid_m.to(tl.int64) * stride_xm
-    acc = tl.zeros((HV, BN, NC, 1), dtype=tl.float32)
+    acc = tl.zeros((1, BN, NC, HV) if JT else (HV, BN, NC, 1), dtype=tl.float32)
     HIOFF: tl.constexpr = 32 if QT == 12 or QT == 13 else 64 if QT == 14 else 16
     hi6 = tl.arange(0, 2)[:, None, None, None, None, None]
     hv6 = tl.arange(0, HV)[None, :, None, None, None, None]
@@ -89,13 +98,25 @@ def gemv_kernel(W, X, Y, BIAS, PART, LOCK, M, N, K, NB, RHW, stride_xm, stride_y
                 xe = tl.load(xrow + xk).to(tl.float32)
             else:
                 xe = tl.load(xrow + xk, mask=xk < K, other=0.0).to(tl.float32)
+            if HAS_MIN:  # sum(x) per scale run, once per program (not per row) for the C * sum(x) term
+                xs0, xs1 = tl.split(tl.permute(tl.sum(tl.sum(xe, axis=5), axis=4), (1, 2, 3, 0)))  # [HV, 1, NC]
+                if JT:
+                    xs0 = tl.permute(xs0, (1, 2, 0))[None]
+                    xs1 = tl.permute(xs1, (1, 2, 0))[None]
+                else:
+                    xs0 = xs0[:, :, :, None]
+                    xs1 = xs1[:, :, :, None]
             x_p0, x_p1 = tl.split(xe)
-            x00, x01 = tl.split(tl.permute(x_p0, (1, 2, 3, 4, 0)))
+            x00, x01 = tl.split(tl.permute(x_p0, (1, 2, 3, 4, 0)))  # [HV, 1, NC, HC]
             x10, x11 = tl.split(tl.permute(x_p1, (1, 2, 3, 4, 0)))
+            if JT:
+                x00 = tl.permute(x00, (3, 1, 2, 0))
+                x01 = tl.permute(x01, (3, 1, 2, 0))
+                x10 = tl.permute(x10, (3, 1, 2, 0))
+                x11 = tl.permute(x11, (3, 1, 2, 0))
         for g in tl.static_range(G):
             a, cm = scales(W, base, c, hv, g, QT, CPB)
-            p = tl.zeros((HV, BN, NC, HC), dtype=tl.float32)
-            xs = tl.zeros((HV, 1, NC, HC), dtype=tl.float32)
+            p = tl.zeros(wq.shape, dtype=tl.float32)
             for f in tl.static_range(F):
                 if f % G == g:
                     if F == 4:
@@ -111,11 +132,15 @@ def gemv_kernel(W, X, Y, BIAS, PART, LOCK, M, N, K, NB, RHW, stride_xm, stride_y
                         kk = k0 + value_pos(c, hv, j, f, QT, CPB, B)
                         xv = tl.load(xrow + kk, mask=kk < K, other=0.0).to(tl.float32)
                     p += field_q(wq, wh, qh, c, j, f, QT, CPB) * xv
-                    if HAS_MIN:
-                        xs += xv
-            acc += a * tl.sum(p, axis=3, keep_dims=True)
-            if HAS_MIN:
-                acc += cm * tl.sum(xs, axis=3, keep_dims=True)
+            acc += a * tl.sum(p, axis=RED, keep_dims=True)
+            if HAS_MIN:  # only nibble types have a min
+                if G == 1:
+                    xs = xs0 + xs1
+                elif g == 0:
+                    xs = xs0
+                else:
+                    xs = xs1
+                acc += cm * xs
     out = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=0)[:, None]  # [BN, 1]
     offs_m = pid_m + tl.arange(0, 1)
     _finish(Y, BIAS, PART, LOCK, out, offs_n, offs_m, M, N, stride_ym, pid_m * tl.num_programs(1) + pid_n,
@@ -237,7 +262,8 @@ def matmul(x2: torch.Tensor, qweight: torch.Tensor, qt: int, cfg: GConfig, bias:
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True)
     if gemv:
         even = k % (meta["BPS"] * g.block) == 0  # every step's activations lie inside the row
-        LAST["gemv"] = gemv_kernel[(grid_m, grid_n, split)](*args, **meta, EVEN_K=even)
+        jt = g.qt not in (12, 13) if cfg.jt < 0 else bool(cfg.jt)  # Q4_K / Q5_K: 16-byte aligned vectors
+        LAST["gemv"] = gemv_kernel[(grid_m, grid_n, split)](*args, **meta, EVEN_K=even, JT=jt)
     else:
         prec = "ieee" if x2.dtype == torch.float32 else "tf32"
         LAST["dot"] = dot_kernel[(grid_m, grid_n, split)](*args, **meta, BM=bm, PREC=prec)

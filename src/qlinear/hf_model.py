@@ -1,0 +1,218 @@
+"""Real models end to end: a transformers causal LM whose linear layers are qlinear kernels.
+
+``from_pretrained(path)`` takes a ``.gguf`` file (llama architecture) or a GPTQ/AWQ safetensors directory.
+For GGUF, transformers builds the fp32 model from the file (its own dequantization, our reference), then each
+``nn.Linear`` whose weight is a quantized GGUF tensor is replaced by a GGUF kernel serving that tensor's own
+blocks. llama.cpp's converter permutes the rows of q/k for its rope layout; GGML blocks never straddle rows,
+so undoing that is a row permutation of the block bytes: exact, and free at run time.
+
+transformers is an optional extra (``pip install 'qlinear[hf]'``), imported lazily. Loading a GGUF file
+through transformers also needs ``accelerate`` (requirements/nodeps-hf.txt).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .enums import BACKEND
+from .kernels.base import QuantLinear
+
+INSTALL = "pip install 'qlinear[hf]' and pip install --no-deps -r requirements/nodeps-hf.txt"
+
+#: transformers module suffix (llama family) -> GGUF layer suffix.
+GGUF_NAMES = {
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def _transformers() -> Any:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files only: never reach for a hub
+    try:
+        import transformers
+    except ImportError as err:
+        raise ImportError(f"qlinear.hf_model needs transformers: {INSTALL}") from err
+    return transformers
+
+
+def gguf_layer_name(module: str, tied: bool = True) -> str | None:
+    """``model.layers.3.mlp.up_proj`` -> ``blk.3.ffn_up``; ``lm_head`` -> ``output`` (``token_embd`` if tied)."""
+    if module == "lm_head":
+        return "token_embd" if tied else "output"
+    parts = module.split(".")
+    if parts[:2] != ["model", "layers"] or len(parts) != 5:
+        return None
+    suffix = GGUF_NAMES.get(".".join(parts[3:]))
+    return None if suffix is None else f"blk.{parts[2]}.{suffix}"
+
+
+def rope_rows(n_rows: int, n_head: int) -> torch.Tensor:
+    """Index ``idx`` with ``gguf_rows = hf_rows[idx]``: llama.cpp's ``permute`` of q/k (per head, the two rope
+    halves interleaved). So ``hf_rows = gguf_rows[argsort(idx)]``."""
+    d = n_rows // n_head
+    hf = torch.arange(n_rows).reshape(n_head, 2, d // 2)
+    return hf.transpose(1, 2).reshape(-1)
+
+
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def _gguf_layer(f: Any, layer: str, rows: torch.Tensor | None, backend: str, device: str | torch.device,
+                dtype: torch.dtype) -> QuantLinear:
+    """``GGUFFile.linear`` with the block rows reordered (q/k); without ``rows`` the mapped bytes are shared."""
+    from .caps import Problem
+    from .select import select
+    from .target import Target
+
+    if rows is None:
+        return f.linear(layer, backend=backend, device=device, dtype=dtype)
+    w = f.layers()[layer]
+    target = Target.here(device)
+    choice = select(Problem(w.scheme(), dtype), target, backend)
+    lay = choice.kernel(w.scheme(), bias=False, dtype=dtype)
+    lay.load_blocks(torch.from_numpy(w.raw().copy())[rows].contiguous(), None)
+    lay = lay.to(target.devices[0].torch_device)
+    lay.prepare()
+    lay.choice = choice
+    return lay
+
+
+def _from_gguf(file: Path, device: str | torch.device, dtype: torch.dtype, backend: str) -> nn.Module:
+    from .gguf_file import read_gguf
+
+    tf = _transformers()
+    f = read_gguf(file)
+    if f.architecture != "llama":
+        raise ValueError(f"{file}: architecture {f.architecture!r}; only llama GGUF files are mapped to transformers")
+    model = tf.AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=torch.float32)
+    return serve_gguf(model, f, device, dtype, backend)
+
+
+def serve_gguf(model: nn.Module, f: Any, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+               backend: BACKEND | str = "auto") -> nn.Module:
+    """Swap, in place, each ``nn.Linear`` of a transformers llama model built from the GGUF file ``f`` (a path or
+    a ``GGUFFile``) for a kernel serving that tensor's own blocks (q/k rows put back in transformers' order)."""
+    from .checkpoint.gguf import FLOAT_TYPES
+    from .gguf_file import GGUFFile, read_gguf
+
+    f = f if isinstance(f, GGUFFile) else read_gguf(f)
+    backend = str(BACKEND(backend).value)
+    cfg = model.config
+    heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}
+    weights = f.layers()
+    tied = "output" not in weights
+    for name, mod in list(model.named_modules()):
+        if not isinstance(mod, nn.Linear):
+            continue
+        layer = gguf_layer_name(name, tied)
+        if layer is None or layer not in weights or weights[layer].type in FLOAT_TYPES:
+            continue
+        kind = layer.rsplit(".", 1)[-1]
+        rows = torch.argsort(rope_rows(mod.out_features, heads[kind])) if kind in heads else None
+        _set_submodule(model, name, _gguf_layer(f, layer, rows, backend, device, dtype))
+    return _finish(model, device, dtype)
+
+
+def _from_dir(root: Path, device: str | torch.device, dtype: torch.dtype, backend: str) -> nn.Module:
+    """A GPTQ/AWQ directory: the architecture from config.json (no weights fetched), the quantized modules as
+    qlinear layers, every other tensor (embeddings, norms, an unquantized head) from the safetensors files."""
+    from .checkpoint.load import load_plan
+    from .checkpoint.plan import plan_checkpoint
+    from .checkpoint.safetensors_io import CheckpointError, read_tensor
+
+    tf = _transformers()
+    plan = plan_checkpoint(root)
+    if plan.model_config is None:
+        raise CheckpointError(f"{root}: no config.json: transformers needs the model architecture")
+    cfg = dict(plan.model_config)
+    config = tf.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    for name, layer in load_plan(plan, device, dtype, backend).items():
+        _set_submodule(model, name, layer)
+    state = {k: read_tensor(v) for k, v in plan.other.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if getattr(config, "tie_word_embeddings", False):
+        missing = [k for k in missing if k != "lm_head.weight"]
+    missing = [k for k in missing if not isinstance(model.get_submodule(k.rpartition(".")[0]), QuantLinear)]
+    if missing or unexpected:
+        raise CheckpointError(f"{root}: tensors do not fit the {config.model_type} model: missing "
+                              f"{missing[:5]}, unexpected {unexpected[:5]}")
+    if getattr(config, "tie_word_embeddings", False) and isinstance(model.get_output_embeddings(), nn.Linear):
+        model.get_output_embeddings().weight = model.get_input_embeddings().weight
+    return _finish(model, device, dtype)
+
+
+def _finish(model: nn.Module, device: str | torch.device, dtype: torch.dtype) -> nn.Module:
+    from .model import move_unquantized
+
+    move_unquantized(model, device, dtype)
+    return model.eval()
+
+
+def from_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                    backend: BACKEND | str = "auto", gguf_file: str | None = None) -> nn.Module:
+    """A transformers causal LM whose quantized linear layers are qlinear kernels (``served_layers(model)``).
+
+    ``path``: a ``.gguf`` file, a directory plus ``gguf_file``, or a GPTQ/AWQ safetensors directory with a
+    config.json. ``dtype`` is the activation dtype of every kernel and of the float modules.
+    """
+    path = Path(path)
+    if gguf_file is not None:
+        path = path / gguf_file
+    backend = str(BACKEND(backend).value)
+    if path.suffix.lower() == ".gguf":
+        return _from_gguf(path, device, dtype, backend)
+    return _from_dir(path, device, dtype, backend)
+
+
+def load_tokenizer(path: str | Path, gguf_file: str | None = None) -> Any:
+    """The tokenizer of a GGUF file (from its metadata) or of a directory (tokenizer.json)."""
+    tf = _transformers()
+    path = Path(path) if gguf_file is None else Path(path) / gguf_file
+    if path.suffix.lower() == ".gguf":
+        return tf.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return tf.AutoTokenizer.from_pretrained(str(path))
+
+
+def quantize_model(model: nn.Module, bits: int = 4, group_size: int = 128, skip: tuple[str, ...] = ("lm_head",),
+                   device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                   backend: BACKEND | str = "auto", clip_search: bool = True) -> dict[str, QuantLinear]:
+    """RTN (GPTQ grid, symmetric) every ``nn.Linear`` except ``skip``, in place. The head stays float by
+    default, as GPTQ checkpoints usually keep it: at 4 bits it costs far more quality than a block layer."""
+    from .affine import quantize_rtn
+
+    out: dict[str, QuantLinear] = {}
+    for name, mod in list(model.named_modules()):
+        if not isinstance(mod, nn.Linear) or name in skip:
+            continue
+        q = quantize_rtn(mod.weight.detach(), bits=bits, group_size=group_size, clip_search=clip_search)
+        bias = None if mod.bias is None else mod.bias.detach()
+        layer = QuantLinear.create(q, format="gptq_v2", backend=backend, device=device, dtype=dtype, bias=bias)
+        _set_submodule(model, name, layer)
+        out[name] = layer
+    return out
+
+
+def served_layers(model: nn.Module) -> dict[str, QuantLinear]:
+    """Every qlinear layer of ``model`` by module name."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+
+
+def backend_summary(model: nn.Module) -> list[str]:
+    """One line per (layer kind, backend, format): how many layers a backend serves."""
+    counts: dict[tuple[str, str, str], int] = {}
+    for name, m in served_layers(model).items():
+        parts = name.split(".")
+        kind = ".".join(parts[3:]) if parts[:2] == ["model", "layers"] else name
+        fmt = getattr(m.scheme, "qtype", None) or m.scheme.format.value
+        key = (kind, str(getattr(m.backend, "value", m.backend)), str(getattr(fmt, "name", fmt)))
+        counts[key] = counts.get(key, 0) + 1
+    return [f"  {k:<18} {n:>3} x {b} ({f})" for (k, b, f), n in counts.items()]

@@ -1,0 +1,167 @@
+"""The GGUF Triton kernels (dequant, gemv, skinny, gemm, dense) in Triton's CPU interpreter vs float64 oracles.
+
+TRITON_INTERPRET=1 is set at collection, before anything imports the kernel bodies. The oracle decodes the
+bytes with gguf-py (``gguf.quants.dequantize``), or for the 1-bit types with a few lines of numpy here; it
+shares no code with src. Dequant must be bit-identical in float32; matmuls within the activation dtype's
+rounding (``|y - ref| / |ref|``: float16 1e-3, bfloat16 1.5e-2 (the interpreter truncates to bfloat16),
+float32 1e-5).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from qlinear.caps import Problem
+from qlinear.kernels.gguf_triton import RUNNABLE, GGUFTritonKernel
+from qlinear.layouts import gguf as G
+from qlinear.target import Target
+
+INSTALL = "pip install -r requirements/triton-interpret.txt"
+TOL = {torch.float16: 1e-3, torch.bfloat16: 1.5e-2, torch.float32: 1e-5}
+TYPES = sorted(RUNNABLE)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def interpreter():
+    """Skip without triton; float32 dots for bfloat16 (the interpreter's numpy matmul would multiply
+    bfloat16 bit patterns as integers)."""
+    pytest.importorskip("triton", reason=f"triton is not installed: {INSTALL}")
+    import triton.language as tl
+    from triton.runtime import interpreter as it
+
+    from qlinear.kernels.triton import gguf_mm
+
+    if type(gguf_mm.gemv_kernel).__name__ != "InterpretedFunction":
+        pytest.skip("the kernel bodies were imported before TRITON_INTERPRET=1 was set")
+    original = it.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, *args):
+        def f32(h):
+            if h.dtype.scalar == tl.bfloat16:
+                return it.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+            return h
+
+        return original(self, f32(a), f32(b), d, *args)
+
+    it.InterpreterBuilder.create_dot = create_dot
+    yield
+    it.InterpreterBuilder.create_dot = original
+
+
+def oracle(raw: np.ndarray, qtype: G.GGMLType, k: int) -> np.ndarray:
+    """float32 weights ``[N, k]`` decoded without qlinear: gguf-py, or numpy for the 1-bit types."""
+    if qtype in (G.GGMLType.Q1_0, G.GGMLType.Q1_0_G128):
+        nb_bytes = 6 if qtype == G.GGMLType.Q1_0 else 18
+        blocks = raw.reshape(-1, nb_bytes)
+        d = blocks[:, :2].copy().view("<f2").astype(np.float32)
+        bits = np.unpackbits(blocks[:, 2:], axis=1, bitorder="little").astype(np.float32)
+        return (d * (bits * 2 - 1)).reshape(raw.shape[0], -1)[:, :k]
+    gguf = pytest.importorskip("gguf", reason="gguf-py is the oracle: pip install -r requirements/nodeps-gguf.txt")
+    with np.errstate(all="ignore"):
+        return gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(qtype.value))[:, :k]
+
+
+@functools.cache
+def layer(qtype: G.GGMLType, n: int, k: int) -> tuple[GGUFTritonKernel, np.ndarray, np.ndarray]:
+    """A layer with ggml-encoded random weights and a bias, its float64 oracle weight and bias."""
+    rng = np.random.default_rng(qtype.value * 31 + n)
+    w = rng.standard_normal((n, k)).astype(np.float32) * 0.05
+    lay = GGUFTritonKernel(G.scheme_for(qtype, k, n), bias=True, dtype=torch.float16)
+    lay.load_blocks(G.quantize(w, qtype), torch.from_numpy(rng.standard_normal(n).astype(np.float32)))
+    lay.prepare()
+    raw = lay.qweight.numpy()
+    return lay, oracle(raw, qtype, k).astype(np.float64), lay.bias.double().numpy()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # random f16 scales include inf and NaN
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_dequant_is_bit_exact_on_random_bytes(qtype: G.GGMLType) -> None:
+    from qlinear.kernels.triton import gguf_mm
+
+    info = G.TYPES[qtype]
+    k = 3 * info.block_size + 7  # a partial last block
+    raw = np.random.default_rng(qtype.value).integers(0, 256, (5, info.row_bytes(k)), dtype=np.uint8)
+    got = gguf_mm.dequantize(torch.from_numpy(raw), int(qtype), k, block_n=4).numpy()
+    want = oracle(raw, qtype, k)
+    assert got.shape == want.shape
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)) or \
+        np.array_equal(got, want, equal_nan=True)  # NaN payloads may differ, nothing else
+
+
+def forced(variant: str) -> tuple[object, int]:
+    """Small tiles, split-K and several tiles, so masks, partial blocks and the reduction all run."""
+    from qlinear.kernels.triton.gguf_configs import GConfig
+
+    return {
+        "gemv": (GConfig("gemv", 1, 16, 0, 3, 4, 1), 2),
+        "gemv-vector": (GConfig("gemv", 1, 16, 0, 2, 4, 1, jt=0), 1),  # one 16-byte vector a thread
+        "gemv-inthread": (GConfig("gemv", 1, 32, 0, 1, 4, 1, jt=1), 2),  # halfwords in-thread
+        "skinny": (GConfig("skinny", 16, 16, 0, 2, 4, 1), 5),
+        "gemm": (GConfig("gemm", 32, 32, 0, 1, 4, 1), 33),
+        "dense": (GConfig("dense", 1, 16, 0, 1, 4, 1), 3),
+    }[variant]
+
+
+# K is a multiple of 32 but not of every step (partial steps and, for K-quants, a partial block)
+CASES = [(t, v, dt) for t in TYPES for v, dt in (("gemv", torch.float16), ("skinny", torch.bfloat16),
+                                                 ("gemm", torch.float16), ("dense", torch.bfloat16))]
+CASES += [(G.GGMLType.Q4_K, "gemv", torch.float32), (G.GGMLType.Q4_0, "skinny", torch.float32),
+          (G.GGMLType.Q6_K, "gemv", torch.bfloat16), (G.GGMLType.Q4_0, "gemv-vector", torch.float16),
+          (G.GGMLType.Q6_K, "gemv-vector", torch.float16), (G.GGMLType.Q8_0, "gemv-vector", torch.bfloat16),
+          (G.GGMLType.Q4_K, "gemv-inthread", torch.float16), (G.GGMLType.Q5_K, "gemv-inthread", torch.float16)]
+
+
+@pytest.mark.parametrize(("qtype", "variant", "dtype"), CASES,
+                         ids=lambda c: getattr(c, "name", None) or str(c).removeprefix("torch."))
+def test_variant_matches_oracle(qtype: G.GGMLType, variant: str, dtype: torch.dtype) -> None:
+    k = 640 if G.TYPES[qtype].block_size <= 128 else 600
+    lay, w64, b64 = layer(qtype, 37, k)
+    cfg, m = forced(variant)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
+    y = lay.matmul(x, config=cfg)
+    ref = x.double().numpy() @ w64.T + b64
+    assert y.shape == (m, 37) and y.dtype == dtype
+    err = float(np.linalg.norm(y.double().numpy() - ref) / np.linalg.norm(ref))
+    assert err < TOL[dtype], f"{qtype.name} {variant} {dtype}: relative error {err:.2e}"
+
+
+def test_forward_picks_variants_and_keeps_shape() -> None:
+    lay, w64, b64 = layer(G.GGMLType.Q4_K, 37, 600)
+    for m in (1, 3, 40):
+        x = torch.randn(2, m, 600, generator=torch.Generator().manual_seed(m)).half()
+        y = lay(x)
+        ref = x.double().numpy() @ w64.T + b64
+        assert y.shape == (2, m, 37)
+        assert np.linalg.norm(y.double().numpy() - ref) / np.linalg.norm(ref) < TOL[torch.float16]
+    assert lay.config(1, torch.device("cpu")).variant == "gemv"  # type: ignore[attr-defined]
+    assert lay.config(300, torch.device("cpu")).variant == "dense"  # type: ignore[attr-defined]
+    assert np.array_equal(lay.dequantize().numpy(), w64.astype(np.float32))
+
+
+def test_selection_reasons() -> None:
+    cuda = Target.fake_cuda((9, 0), modules={"triton": True})
+    for qt in ("Q4_K", "Q4_0", "Q6_K", "Q5_1", "Q1_0_G128"):
+        p = Problem(G.scheme_for(qt, 4096, 4096), torch.float16)
+        assert GGUFTritonKernel.reasons(p, cuda) == [], qt
+    q8 = GGUFTritonKernel.reasons(Problem(G.scheme_for("Q8_0", 4096, 4096), torch.float16), cuda)
+    assert any("8-bit not supported" in r for r in q8)  # the reference's declaration has bits 1/4/5/6
+    q2 = GGUFTritonKernel.reasons(Problem(G.scheme_for("Q2_K", 4096, 4096), torch.float16), cuda)
+    assert any("qtype Q2_K not run by this kernel" in r for r in q2)
+    cpu = GGUFTritonKernel.reasons(Problem(G.scheme_for("Q4_K", 4096, 4096)), Target.fake_cpu())
+    assert any("device cpu" in r for r in cpu)
+
+
+def test_input_errors() -> None:
+    lay = layer(G.GGMLType.Q4_0, 37, 640)[0]
+    with pytest.raises(ValueError, match="expected last dimension 640"):
+        lay(torch.zeros(1, 64, dtype=torch.float16))
+    with pytest.raises(ValueError, match="dtype torch.int32 not supported"):
+        lay(torch.zeros(1, 640, dtype=torch.int32))
