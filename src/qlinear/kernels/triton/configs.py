@@ -26,8 +26,9 @@ VARIANTS = ("gemv", "skinny", "skinny2", "gemm", "gemm2", "dense")
 CHANNELWISE = 1 << 30
 #: default crossovers (largest M bucket served), used when the table has none for a device/bits
 DEFAULT_CROSSOVERS = {"gemv": 1, "skinny2": 16, "gemm2": 256}
-#: shared memory a pipelined tile config may take (bytes): under the 227 KiB (232448 B) opt-in limit of
-#: sm_90; the compiler takes up to ~1.45x this estimate (layout buffers), and a 2-bit 128x128x128 x 4-stage config asked 258048 B on the H200.
+#: Shared memory a pipelined tile config may take by the A+B estimate (bytes). The compiler takes up
+#: to ~1.45x the estimate (layout buffers), so this keeps under sm_90's 227 KiB opt-in limit; a
+#: 2-bit config asked 258048 B on the H200 before this clamp.
 SMEM_BUDGET = 150 * 1024
 TABLES = ("tuned_h200.json",)
 
