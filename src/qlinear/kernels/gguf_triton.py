@@ -3,8 +3,9 @@
 The kernels read ``qweight`` (uint8 ``[N, nb * T]``, the file's own bytes) as int16 halfwords and decode
 the blocks inside the matmul (``triton/gguf.py``), so the layer's resident memory is the checkpoint
 itself: nothing is derived in ``prepare()`` but a small split-K counter buffer. Each forward picks a
-variant from M (``triton/gguf_configs.py``): split-K GEMV on CUDA cores, ``tl.dot`` (skinny or tiled), or a
-transient dense weight and torch's matmul for large M.
+variant from M (``triton/gguf_configs.py``): split-K GEMV on CUDA cores (M <= 2), split-K ``tl.dot``
+with a 16-row activation tile (M <= 16), tiled ``tl.dot`` (M <= 128), or a transient dense weight in the
+activation dtype and torch's matmul (cuBLAS) above. Float32 activations are multiplied in float32.
 
 Types run: Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q1_0, Q1_0_G128, the ones the declaration's
 logical bits (1, 4, 5, 6) admit. The bodies also run Q8_0 (``RUNNABLE``; a directly built layer

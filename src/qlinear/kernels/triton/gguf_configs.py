@@ -59,10 +59,11 @@ def heuristic(variant: str, sms: int, m: int, n: int, nb: int, bps: int) -> GCon
     if variant == "skinny":
         bn = 64 if n >= 1024 else 32
         return GConfig("skinny", 16, bn, bps, _split(-(-m // 16) * -(-n // bn), steps, sms, 4, 2), 4, 2)
-    if variant == "gemm":
+    if variant == "gemm":  # 128x64 / 64x128 tiles: 128x128 needs 255 registers and spills for Q6_K (sm_90a)
         bm = 64 if m <= 64 else 128
-        tiles = -(-m // bm) * -(-n // 128)
-        return GConfig("gemm", bm, 128, bps, _split(tiles, steps, sms, 2, 4), 8, 2)
+        bn = 128 if bm == 64 else 64
+        tiles = -(-m // bm) * -(-n // bn)
+        return GConfig("gemm", bm, bn, bps, _split(tiles, steps, sms, 2, 4), 8, 2)
     if variant == "dense":
         return GConfig("dense", 1, 32, bps)
     raise ValueError(f"variant: expected one of {', '.join(VARIANTS)}, got {variant!r}")
