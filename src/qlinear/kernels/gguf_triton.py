@@ -72,7 +72,9 @@ class GGUFTritonKernel(GGUFQuantLinear):
         step = max(64, MAX_DENSE // max(1, k) // 64 * 64)
         parts = []
         for n0 in range(0, n, step):  # the dense chunk lives only inside this loop iteration
-            w = gguf_mm.dequantize(self.qweight[n0:n0 + step], qt, k, x2.dtype)
+            # torch's decoders measured faster than the Triton dequant kernel for whole weights on the H200
+            # (benchmarks/results/h200-gguf_gemm-2026-12-02.md); both are exact.
+            w = self.decode_rows(n0, min(n, n0 + step)).to(x2.dtype)
             b = None if self.bias is None else self.bias[n0:n0 + step].to(x2.dtype)
             parts.append(x2 @ w.t() if b is None else torch.addmm(b, x2, w.t()))
             del w

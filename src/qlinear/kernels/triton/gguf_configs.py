@@ -16,7 +16,9 @@ from dataclasses import dataclass, replace
 
 VARIANTS = ("gemv", "skinny", "gemm", "dense")
 #: largest M served by each variant (above ``gemm``: dense); benchmarks/gguf_linear.py measures them
-CROSSOVERS = {"gemv": 2, "skinny": 16, "gemm": 128}
+#: Measured on the H200 (benchmarks/results/h200-gguf_*-2026-12-02.md): gemm beats the dense path up to
+#: M=256, above it decoding with torch + cuBLAS wins.
+CROSSOVERS = {"gemv": 2, "skinny": 16, "gemm": 256}
 
 
 @dataclass(frozen=True)
