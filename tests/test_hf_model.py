@@ -51,10 +51,10 @@ def test_smollm2_gguf_served_matches_transformers_and_gptq_agrees() -> None:
     assert "Paris" in tok.decode(out[0, ids.shape[1]:])
 
     gptq = copy.deepcopy(fp32)
-    quantize_model(gptq, bits=4, group_size=128, clip_search=True)
+    quantize_model(gptq, bits=4, group_size=128, clip_search=True, sym=False)
     text = tok(TEXT, return_tensors="pt").input_ids
     top_ref, _ = score(fp32, text)
     top_q, ppl = score(gptq, text)
     agree = (top_q == top_ref).float().mean().item()
     print(f"GPTQ 4-bit g128 top-1 agreement {agree:.3f}, perplexity {ppl:.2f}")
-    assert agree >= 0.5  # measured 0.583 with symmetric RTN + clip search on this 135M model
+    assert agree >= 0.7  # measured 0.739 with asymmetric RTN + clip search (0.583 symmetric) on this 135M model

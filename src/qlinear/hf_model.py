@@ -21,6 +21,7 @@ from torch import nn
 
 from .enums import BACKEND
 from .kernels.base import QuantLinear
+from .model import set_submodule
 
 INSTALL = "pip install 'qlinear[hf]' and pip install --no-deps -r requirements/nodeps-hf.txt"
 
@@ -58,11 +59,6 @@ def rope_rows(n_rows: int, n_head: int) -> torch.Tensor:
     d = n_rows // n_head
     hf = torch.arange(n_rows).reshape(n_head, 2, d // 2)
     return hf.transpose(1, 2).reshape(-1)
-
-
-def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, module)
 
 
 def _gguf_layer(f: Any, layer: str, rows: torch.Tensor | None, backend: str, device: str | torch.device,
@@ -117,7 +113,7 @@ def serve_gguf(model: nn.Module, f: Any, device: str | torch.device = "cpu", dty
             continue
         kind = layer.rsplit(".", 1)[-1]
         rows = torch.argsort(rope_rows(mod.out_features, heads[kind])) if kind in heads else None
-        _set_submodule(model, name, _gguf_layer(f, layer, rows, backend, device, dtype))
+        set_submodule(model, name, _gguf_layer(f, layer, rows, backend, device, dtype))
     return _finish(model, device, dtype)
 
 
@@ -136,7 +132,7 @@ def _from_dir(root: Path, device: str | torch.device, dtype: torch.dtype, backen
     config = tf.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     for name, layer in load_plan(plan, device, dtype, backend).items():
-        _set_submodule(model, name, layer)
+        set_submodule(model, name, layer)
     state = {k: read_tensor(v) for k, v in plan.other.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     if getattr(config, "tie_word_embeddings", False):
@@ -184,21 +180,14 @@ def load_tokenizer(path: str | Path, gguf_file: str | None = None) -> Any:
 
 def quantize_model(model: nn.Module, bits: int = 4, group_size: int = 128, skip: tuple[str, ...] = ("lm_head",),
                    device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                   backend: BACKEND | str = "auto", clip_search: bool = True) -> dict[str, QuantLinear]:
-    """RTN (GPTQ grid, symmetric) every ``nn.Linear`` except ``skip``, in place. The head stays float by
-    default, as GPTQ checkpoints usually keep it: at 4 bits it costs far more quality than a block layer."""
-    from .affine import quantize_rtn
+                   backend: BACKEND | str = "auto", clip_search: bool = True,
+                   sym: bool = True) -> dict[str, QuantLinear]:
+    """RTN (GPTQ grid) every ``nn.Linear`` except ``skip``, in place, as GPTQ v2 layers. The head stays float
+    by default, as GPTQ checkpoints usually keep it: at 4 bits it costs far more quality than a block layer."""
+    from .model import quantize_linears
 
-    out: dict[str, QuantLinear] = {}
-    for name, mod in list(model.named_modules()):
-        if not isinstance(mod, nn.Linear) or name in skip:
-            continue
-        q = quantize_rtn(mod.weight.detach(), bits=bits, group_size=group_size, clip_search=clip_search)
-        bias = None if mod.bias is None else mod.bias.detach()
-        layer = QuantLinear.create(q, format="gptq_v2", backend=backend, device=device, dtype=dtype, bias=bias)
-        _set_submodule(model, name, layer)
-        out[name] = layer
-    return out
+    return quantize_linears(model, bits=bits, group_size=group_size, sym=sym, backend=backend, device=device,
+                            dtype=dtype, clip_search=clip_search, skip=skip)
 
 
 def served_layers(model: nn.Module) -> dict[str, QuantLinear]:

@@ -24,7 +24,8 @@ def linear_names(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name]
 
 
-def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+def set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Put ``module`` at the dotted path ``name`` inside ``model``."""
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, module)
@@ -33,16 +34,16 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
 def quantize_linears(model: nn.Module, *, bits: int, group_size: int, sym: bool = True, format: str = "gptq_v2",
                      backend: str | BACKEND = "auto", device: str | torch.device = "cpu",
                      dtype: torch.dtype = torch.float32, desc_act: bool = False, clip_search: bool = False,
-                     progress: Progress | None = None) -> dict[str, QuantLinear]:
+                     skip: tuple[str, ...] = (), progress: Progress | None = None) -> dict[str, QuantLinear]:
     """Replace every ``nn.Linear`` in ``model`` (in place) by ``QuantLinear.create(quantize_rtn(weight))``.
 
     Each layer goes through the selector on its own, so layers of different shapes may get different
     kernels; the returned mapping (module name -> layer) keeps each layer's ``.choice`` for reporting.
     ``dtype`` is the activation dtype the kernels will be chosen for. The rest of the model is left
     untouched: move/cast it yourself. Raises ``NoKernelError`` (with the explain table) if a layer
-    has no kernel.
+    has no kernel. Modules named in ``skip`` stay as they are.
     """
-    names = linear_names(model)
+    names = [n for n in linear_names(model) if n not in skip]
     done: dict[str, QuantLinear] = {}
     for i, name in enumerate(names):
         lin = model.get_submodule(name)
@@ -51,7 +52,7 @@ def quantize_linears(model: nn.Module, *, bits: int, group_size: int, sym: bool 
                          clip_search=clip_search)
         bias = None if lin.bias is None else lin.bias.detach()
         layer = QuantLinear.create(q, format=format, backend=backend, device=device, dtype=dtype, bias=bias)
-        _set_submodule(model, name, layer)
+        set_submodule(model, name, layer)
         done[name] = layer
         if progress is not None:
             progress(i + 1, len(names), name)

@@ -94,7 +94,7 @@ def gptq_copy(fp32: nn.Module, workdir: Path) -> tuple[nn.Module, float]:
 
     t0 = time.perf_counter()
     model = copy.deepcopy(fp32)
-    quantize_model(model, bits=4, group_size=128, clip_search=True)
+    quantize_model(model, bits=4, group_size=128, clip_search=True, sym=False)
     save_checkpoint(model, workdir / "smollm2-gptq-4bit", overwrite=True)
     return from_pretrained(workdir / "smollm2-gptq-4bit"), time.perf_counter() - t0
 
