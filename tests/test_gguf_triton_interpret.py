@@ -23,6 +23,7 @@ from qlinear.caps import Problem
 from qlinear.kernels.gguf_triton import RUNNABLE, GGUFTritonKernel
 from qlinear.layouts import gguf as G
 from qlinear.target import Target
+from tests.triton_interp import interpreted
 
 INSTALL = "pip install -r requirements/triton-interpret.txt"
 TOL = {torch.float16: 1e-3, torch.bfloat16: 1.5e-2, torch.float32: 1e-5}
@@ -34,26 +35,10 @@ def interpreter():
     """Skip without triton; float32 dots for bfloat16 (the interpreter's numpy matmul would multiply
     bfloat16 bit patterns as integers)."""
     pytest.importorskip("triton", reason=f"triton is not installed: {INSTALL}")
-    import triton.language as tl
-    from triton.runtime import interpreter as it
-
     from qlinear.kernels.triton import gguf_mm
 
-    if type(gguf_mm.gemv_kernel).__name__ != "InterpretedFunction":
-        pytest.skip("the kernel bodies were imported before TRITON_INTERPRET=1 was set")
-    original = it.InterpreterBuilder.create_dot
-
-    def create_dot(self, a, b, d, *args):
-        def f32(h):
-            if h.dtype.scalar == tl.bfloat16:
-                return it.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
-            return h
-
-        return original(self, f32(a), f32(b), d, *args)
-
-    it.InterpreterBuilder.create_dot = create_dot
-    yield
-    it.InterpreterBuilder.create_dot = original
+    with interpreted(gguf_mm.gemv_kernel):
+        yield
 
 
 def oracle(raw: np.ndarray, qtype: G.GGMLType, k: int) -> np.ndarray:

@@ -28,6 +28,7 @@ from qlinear.packing import hf_repack_layer
 from qlinear.target import Target
 from tests.oracle import awq_numpy
 from tests.oracle.gptq_numpy import dequantize_checkpoint
+from tests.triton_interp import interpreted
 
 INSTALL = "pip install --no-deps -r requirements/nodeps-triton.txt"
 TOL = {torch.float16: 4e-3, torch.bfloat16: 1.5e-2}
@@ -38,26 +39,10 @@ def interpreter():
     """Skip without triton; run bodies interpreted; float32 dots for bfloat16 (the interpreter's numpy
     matmul would multiply bfloat16 bit patterns as integers)."""
     pytest.importorskip("triton", reason=f"triton is not installed: {INSTALL}")
-    import triton.language as tl
-    from triton.runtime import interpreter as it
-
     from qlinear.kernels.triton import qmm
 
-    if type(qmm.qmm_kernel).__name__ != "InterpretedFunction":
-        pytest.skip("the kernel bodies were imported before TRITON_INTERPRET=1 was set")
-    original = it.InterpreterBuilder.create_dot
-
-    def create_dot(self, a, b, d, *args):
-        def f32(h):
-            if h.dtype.scalar == tl.bfloat16:
-                return it.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
-            return h
-
-        return original(self, f32(a), f32(b), d, *args)
-
-    it.InterpreterBuilder.create_dot = create_dot
-    yield
-    it.InterpreterBuilder.create_dot = original
+    with interpreted(qmm.qmm_kernel):
+        yield
 
 
 def make_weight(n: int, k: int, seed: int) -> torch.Tensor:

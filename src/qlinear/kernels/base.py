@@ -145,6 +145,17 @@ class QuantLinear(nn.Module):
         if self._runtime_key != self._current_key():
             self.prepare()
 
+    def check_input(self, x: torch.Tensor, device_type: str | None = None) -> None:
+        """Raise ``ValueError`` unless ``x`` has ``in_features`` last, a declared dtype (and the device type)."""
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"input: expected last dimension {self.in_features} (in_features), "
+                             f"got shape {tuple(x.shape)}")
+        if x.dtype not in self.caps.dtypes:
+            names = ", ".join(sorted(str(d).removeprefix("torch.") for d in self.caps.dtypes))
+            raise ValueError(f"input: dtype {x.dtype} not supported; expected {names}")
+        if device_type is not None and x.device.type != device_type:
+            raise ValueError(f"input: on {x.device}; {type(self).__name__} runs on {device_type} tensors only")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 

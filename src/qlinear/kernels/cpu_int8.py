@@ -107,12 +107,7 @@ class TorchInt8Linear(GPTQQuantLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k, n = self.in_features, self.out_features
-        if x.shape[-1] != k:
-            raise ValueError(f"input: expected last dimension {k} (in_features), got shape {tuple(x.shape)}")
-        if x.dtype not in self.caps.dtypes:
-            raise ValueError(f"input: dtype {x.dtype} not supported; expected float16, bfloat16 or float32")
-        if x.device.type != "cpu":
-            raise ValueError(f"input: on {x.device}; {type(self).__name__} runs on CPU tensors only")
+        self.check_input(x, "cpu")
         self.ensure_prepared()
         rt = self._rt
         xb = x.reshape(-1, k).to(BF16)

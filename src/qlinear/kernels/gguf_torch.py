@@ -142,13 +142,6 @@ class GGUFQuantLinear(QuantLinear):
         budget = TILE_ELEMENTS if self.qweight.device.type == "cpu" else TILE_ELEMENTS_DEVICE
         return max(1, min(self.out_features, budget // padded))
 
-    def check_input(self, x: torch.Tensor) -> None:
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"input: expected last dimension {self.in_features} (in_features), "
-                             f"got shape {tuple(x.shape)}")
-        if x.dtype not in self.caps.dtypes:
-            raise ValueError(f"input: dtype {x.dtype} not supported; expected float16, bfloat16 or float32")
-
 
 class GGUFTorchLinear(GGUFQuantLinear):
     """Native GGML blocks of every quantized type qlinear decodes, decoded tile by tile in each forward."""

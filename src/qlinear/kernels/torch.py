@@ -74,10 +74,7 @@ class TorchLinear(GPTQQuantLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k, n = self.in_features, self.out_features
-        if x.shape[-1] != k:
-            raise ValueError(f"input: expected last dimension {k} (in_features), got shape {tuple(x.shape)}")
-        if x.dtype not in self.caps.dtypes:
-            raise ValueError(f"input: dtype {x.dtype} not supported; expected float16, bfloat16 or float32")
+        self.check_input(x)
         self.ensure_prepared()
         x2 = x.reshape(-1, k)
         scales = self.scales.to(torch.float32)
