@@ -157,7 +157,7 @@ def test_bad_inputs_are_named() -> None:
         awq.to_checkpoint(quantize_rtn(torch.randn(16, 64), group_size=32, desc_act=True), "gemm")
     t = awq.to_checkpoint(q, "gemm")
     with pytest.raises(ValueError, match=r"qweight: expected shape \[64, 2\] dtype torch.int32 for gemm 4-bit K=64 "
-                                         r"N=16 gs=32, got shape \[64, 3\] dtype torch.int32"):
+                                         r"N=16 gs=32 G=2, got shape \[64, 3\] dtype torch.int32"):
         awq.from_checkpoint({**t, "qweight": torch.zeros(64, 3, dtype=torch.int32)}, scheme(q, "gemm"))
     with pytest.raises(ValueError, match="qzeros: missing from the checkpoint tensors"):
         awq.from_checkpoint({"qweight": t["qweight"], "scales": t["scales"]}, scheme(q, "gemm"))

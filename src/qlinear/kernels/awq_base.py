@@ -43,14 +43,8 @@ class AwqQuantLinear(QuantLinear):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def load_affine(self, q: AffineWeight, bias: torch.Tensor | None = None) -> None:
+        self.check_fits(q)
         s = self.scheme
-        if (q.out_features, q.in_features) != (s.out_features, s.in_features):
-            raise ValueError(f"weight: expected shape [{s.out_features}, {s.in_features}] for this layer, "
-                             f"got [{q.out_features}, {q.in_features}]")
-        if q.bits != s.bits:
-            raise ValueError(f"weight: layer is {s.bits}-bit but the codes are {q.bits}-bit")
-        if min(q.group_size, s.in_features) != s.group_size:
-            raise ValueError(f"weight: layer has group size {s.group_size} but the weight {q.group_size}")
         tensors = awq.to_checkpoint(q, s.format, scale_dtype=self.scales.dtype)
         if bias is not None:
             if self.bias is None:

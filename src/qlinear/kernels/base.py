@@ -120,6 +120,17 @@ class QuantLinear(nn.Module):
         """Encode the canonical weight into the checkpoint buffers, bit-exactly as the format writes it."""
         raise NotImplementedError
 
+    def check_fits(self, q: AffineWeight) -> None:
+        """Raise ``ValueError`` unless ``q`` has this layer's shape, bit width and group size."""
+        s = self.scheme
+        if (q.out_features, q.in_features) != (s.out_features, s.in_features):
+            raise ValueError(f"weight: expected shape [{s.out_features}, {s.in_features}] for this layer, "
+                             f"got [{q.out_features}, {q.in_features}]")
+        if q.bits != s.bits:
+            raise ValueError(f"weight: layer is {s.bits}-bit but the codes are {q.bits}-bit")
+        if min(q.group_size, s.in_features) != s.group_size:
+            raise ValueError(f"weight: layer has group size {s.group_size} but the weight {q.group_size}")
+
     def affine(self) -> AffineWeight:
         """Decode the checkpoint buffers to the canonical form (true zeros, ``[N, G]`` scales)."""
         raise NotImplementedError

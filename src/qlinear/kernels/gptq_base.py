@@ -25,12 +25,8 @@ class GPTQQuantLinear(QuantLinear):
         self.register_buffer("bias", torch.zeros(self.out_features, dtype=torch.float16) if bias else None)
 
     def load_affine(self, q: AffineWeight, bias: torch.Tensor | None = None) -> None:
+        self.check_fits(q)
         s = self.scheme
-        if (q.out_features, q.in_features) != (s.out_features, s.in_features):
-            raise ValueError(f"weight: expected shape [{s.out_features}, {s.in_features}] for this layer, "
-                             f"got [{q.out_features}, {q.in_features}]")
-        if q.bits != s.bits:
-            raise ValueError(f"weight: layer is {s.bits}-bit but the codes are {q.bits}-bit")
         tensors = gptq.to_checkpoint(q, s.format, s.pack_dtype)
         with torch.no_grad():
             for name, value in tensors.items():

@@ -32,6 +32,7 @@ from ..affine import AffineWeight
 from ..enums import FORMAT, METHOD
 from ..spec import AWQ_LAYOUT_BITS, Scheme, default_pack_dtype
 from .bitpack import pack_bits, unpack_bits
+from .tensors import require_tensors
 
 ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
@@ -236,20 +237,10 @@ def to_checkpoint(q: AffineWeight, fmt: FORMAT | str,
 
 
 def check_tensors(tensors: Mapping[str, torch.Tensor], scheme: Scheme) -> None:
-    """Raise unless every checkpoint tensor of ``scheme`` is present with its shape and dtype."""
-    for name, (shape, dtype) in checkpoint_shapes(scheme).items():
-        if name not in tensors:
-            raise ValueError(f"{name}: missing from the checkpoint tensors (found {', '.join(sorted(tensors))}); "
-                             f"expected shape {list(shape)} dtype {dtype}")
-        t = tensors[name]
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        either = name == "scales" and scheme.format is FORMAT.GEMM  # bfloat16 scales are read as they are
-        want = f"{dtype} or torch.bfloat16" if either else str(dtype)
-        if tuple(t.shape) != shape or t.dtype not in ((*SCALE_DTYPES,) if either else (dtype,)):
-            raise ValueError(f"{name}: expected shape {list(shape)} dtype {want} for {scheme.format.value} "
-                             f"{scheme.bits}-bit K={scheme.in_features} N={scheme.out_features} gs={scheme.group_size}"
-                             f", got shape {list(t.shape)} dtype {t.dtype}")
+    """Raise unless every checkpoint tensor of ``scheme`` is present with its shape and dtype (GEMM scales
+    may also be bfloat16: they are read as they are)."""
+    extra = {"scales": tuple(SCALE_DTYPES)} if scheme.format is FORMAT.GEMM else None
+    require_tensors(tensors, checkpoint_shapes(scheme), scheme, extra)
 
 
 def from_checkpoint(tensors: Mapping[str, torch.Tensor], scheme: Scheme) -> AffineWeight:

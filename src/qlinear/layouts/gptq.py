@@ -29,6 +29,7 @@ from ..enums import FORMAT, METHOD
 from ..spec import Scheme
 from . import planar
 from .bitpack import pack_bits, packed_length, unpack_bits, word_bits_of
+from .tensors import require_tensors
 
 CONTINUOUS_BITS = (2, 3, 4, 8)
 GPTQ_LAYOUT_FORMATS = (FORMAT.GPTQ, FORMAT.GPTQ_V2, FORMAT.GPTQ_P)
@@ -187,18 +188,7 @@ def from_checkpoint(tensors: Mapping[str, torch.Tensor], scheme: Scheme) -> Affi
     if scheme.method is not METHOD.GPTQ:
         raise ValueError(f"scheme: expected method 'gptq', got {scheme.method.value!r}")
     fmt = _format(scheme.format)
-    expected = checkpoint_shapes(scheme)
-    for name, (shape, dtype) in expected.items():
-        if name not in tensors:
-            raise ValueError(f"{name}: missing from the checkpoint tensors (found {', '.join(sorted(tensors))}); "
-                             f"expected shape {list(shape)} dtype {dtype}")
-        t = tensors[name]
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if tuple(t.shape) != shape or t.dtype != dtype:
-            raise ValueError(f"{name}: expected shape {list(shape)} dtype {dtype} for {scheme.format.value} "
-                             f"{scheme.bits}-bit K={scheme.in_features} N={scheme.out_features} "
-                             f"G={scheme.num_groups}, got shape {list(t.shape)} dtype {t.dtype}")
+    require_tensors(tensors, checkpoint_shapes(scheme), scheme)
     g_idx = tensors["g_idx"]
     if g_idx.numel() and (int(g_idx.min()) < 0 or int(g_idx.max()) >= scheme.num_groups):
         raise ValueError(f"g_idx: group ids must be in 0..{scheme.num_groups - 1}; "
