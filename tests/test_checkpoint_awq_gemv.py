@@ -1,8 +1,9 @@
 """AWQ gemv / gemv_fast checkpoints written by GPTQModel 7.7.0's own packers (see make_fixtures.py, AWQ_REPACKED).
 
-No qlinear kernel (and no GPTQModel kernel) runs these formats on the CPU, so the checkpoints are read with
-``plan_checkpoint`` + ``qlinear.layouts.awq.from_checkpoint`` and compared with the weights GPTQModel's own
-unpackers decode from the same buffers (layer 0, stored in ``reference/tool_outputs.safetensors``).
+The layout is read with ``plan_checkpoint`` + ``qlinear.layouts.awq.from_checkpoint`` and compared with the
+weights GPTQModel's own unpackers decode from the same buffers (layer 0, ``reference/tool_outputs.safetensors``).
+No kernel (qlinear's or GPTQModel's) runs these formats on a CPU, so ``load_checkpoint`` re-encodes them to
+AWQ gemm in memory (``qlinear.checkpoint.repack``) and the layers run there.
 """
 
 from __future__ import annotations
@@ -62,6 +63,37 @@ def test_dequantize_equals_the_tools_own(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(EXPECT))
-def test_no_cpu_kernel_runs_it(name: str) -> None:
-    with pytest.raises(CheckpointError, match="no kernel can run this layer"):
-        load_checkpoint(FIXTURES / name, backend="awq_torch")
+@pytest.mark.parametrize("backend", ["auto", "awq_torch"])
+def test_loads_on_cpu_by_lossless_reencode_to_gemm(name: str, backend: str) -> None:
+    """No kernel runs gemv/gemv_fast on a CPU, so the loader re-encodes to gemm in memory and says so."""
+    fmt = EXPECT[name][0]
+    ref = load_file(FIXTURES / name / "reference" / "tool_outputs.safetensors")
+    layers = load_checkpoint(FIXTURES / name, dtype=torch.float32, backend=backend)
+    expected = decoded(name)
+    assert layers.keys() == expected.keys()
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for module, layer in layers.items():
+        assert layer.scheme.format.value == "gemm"
+        assert f"stored as {fmt}" in layer.choice.note and "re-encoded to gemm" in layer.choice.note
+        assert f"note: stored as {fmt}" in layer.choice.explain()
+        w = expected[module][2].dequantize(torch.float64)
+        assert torch.equal(layer.dequantize().double(), w), module  # same integers, same float scales
+        if f"{module}.weight" in ref and fmt == "gemv":
+            assert torch.equal(layer.dequantize().to(torch.float16), ref[f"{module}.weight"]), module
+        xi = x[:, : w.shape[1]]
+        y = layer(xi.float()).double()
+        assert torch.allclose(y, xi @ w.t(), rtol=1e-5, atol=1e-5), module
+
+
+@pytest.mark.parametrize("name", sorted(EXPECT))
+def test_inspect_reports_the_reencode(name: str) -> None:
+    from qlinear.checkpoint.inspect import inspect_checkpoint
+
+    rows = inspect_checkpoint(FIXTURES / name, dtype=torch.float32)["modules"]
+    assert rows and all(r["format"] == EXPECT[name][0] and r["runs_as"] == "gemm" for r in rows)
+    assert all("re-encoded to gemm in memory" in r["why"] for r in rows)
+
+
+def test_a_backend_that_runs_neither_layout_is_refused_with_the_stored_formats_table() -> None:
+    with pytest.raises(CheckpointError, match=r"no kernel can run this layer\ngemv 4-bit g64"):
+        load_checkpoint(FIXTURES / "awq_gemv_4bit_g64", backend="gptq_torch")

@@ -29,6 +29,7 @@ DASH = "—"
 DELIBERATE = {
     ("TorchLinear", "dtypes"): frozenset({torch.float32}),
     ("TorchQuantEmbeddings", "dtypes"): frozenset({torch.float32}),
+    ("AwqTorchLinear", "dtypes"): frozenset({torch.float32}),
 }
 
 

@@ -1,13 +1,14 @@
 """AwqTorchLinear and the AwqQuantLinear tile decoders against the float64 numpy oracle (tests/oracle).
 
 Tolerances, as a fraction of max |y_ref|: float16 2e-3 and bfloat16 1.5e-2 (the decoded weight and the output
-are rounded to the activation dtype), as for TorchLinear.
+are rounded to the activation dtype), float32 1e-5, as for TorchLinear.
 """
 
 from __future__ import annotations
 
 import gc
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from qlinear.kernels.registry import kernel_by_name
 from qlinear.kernels.torch_awq import AwqTorchLinear
 from tests.oracle.awq_numpy import dequantize
 
-TOL = {torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.5e-2, torch.float32: 1e-5}
 
 
 def make_weight(n: int, k: int, seed: int) -> torch.Tensor:
@@ -54,7 +55,7 @@ CASES = [  # bits, group, sym, K, N
 
 
 @pytest.mark.parametrize(("bits", "group", "sym", "k", "n"), CASES)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_forward_matches_float64_oracle(bits: int, group: int, sym: bool, k: int, n: int, dtype: torch.dtype) -> None:
     q = quantize_rtn(make_weight(n, k, seed=bits * 1000 + k), bits=bits, group_size=group, sym=sym)
     bias = torch.randn(n) * 0.1
@@ -73,7 +74,9 @@ def test_forward_matches_float64_oracle(bits: int, group: int, sym: bool, k: int
 
 
 def test_declaration_is_the_reference_one_and_replaces_the_planned_class() -> None:
-    assert AwqTorchLinear.caps is Declared.caps and AwqTorchLinear.implemented and not Declared.implemented
+    widened = AwqTorchLinear.caps.dtypes - Declared.caps.dtypes  # float32: the documented widening
+    assert widened == {torch.float32} and AwqTorchLinear.implemented and not Declared.implemented
+    assert replace(AwqTorchLinear.caps, dtypes=Declared.caps.dtypes) == Declared.caps
     assert kernel_by_name("AwqTorchLinear") is AwqTorchLinear
     auto = QuantLinear.create(quantize_rtn(make_weight(16, 64, 1), bits=8, group_size=32), format="gemm")
     assert isinstance(auto, AwqTorchLinear)  # AUTO: the only CPU kernel for 8-bit AWQ GEMM
@@ -88,8 +91,7 @@ def test_runtime_reasons() -> None:
         "out_features 24 not a multiple of 16 (2-bit AWQ GEMM words hold 16 columns)"]
     four = Scheme(bits=4, group_size=32, in_features=64, out_features=24, method="awq", format="gemm")
     assert AwqTorchLinear.reasons(Problem(four), t) == []
-    assert AwqTorchLinear.reasons(Problem(four, dtype=torch.float32), t) == [
-        "activation dtype float32 not supported (declares bfloat16, float16)"]
+    assert AwqTorchLinear.reasons(Problem(four, dtype=torch.float32), t) == []
     with pytest.raises(ConfigError, match="AWQ never reorders input channels"):
         make(quantize_rtn(make_weight(16, 64, 1), group_size=32, desc_act=True))
 
@@ -98,8 +100,8 @@ def test_forward_input_errors() -> None:
     layer = make(quantize_rtn(make_weight(8, 32, 2), group_size=32))
     with pytest.raises(ValueError, match=r"input: expected last dimension 32 \(in_features\), got shape \(2, 31\)"):
         layer(torch.randn(2, 31, dtype=torch.float16))
-    with pytest.raises(ValueError, match="input: dtype torch.float32 not supported; expected bfloat16, float16"):
-        layer(torch.randn(2, 32))
+    with pytest.raises(ValueError, match="input: dtype torch.float64 not supported; expected bfloat16, float16, flo"):
+        layer(torch.randn(2, 32, dtype=torch.float64))
 
 
 def test_tiled_forward_equals_single_tile(monkeypatch) -> None:

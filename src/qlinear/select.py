@@ -42,6 +42,7 @@ class Choice:
     requested: BACKEND
     verdicts: tuple[Verdict, ...]
     others: int = 0
+    note: str = ""  # how the layer reached this kernel when not as stored (e.g. re-encoded at load)
 
     @property
     def backend(self) -> BACKEND | None:
@@ -66,6 +67,8 @@ class Choice:
         lines = [self.headline()]
         lines.append(f"chosen: {self.kernel.__name__} ({self.kernel.backend.value})" if self.kernel
                      else "chosen: none (no kernel can run this layer here)")
+        if self.note:
+            lines += textwrap.wrap(f"note: {self.note}", width or 1 << 30, subsequent_indent="      ")
         rows = [(("*" if v.kernel is self.kernel else " "), "-" if v.priority is None else str(v.priority),
                  v.kernel.backend.value, v.kernel.__name__, v) for v in self.verdicts]
         wb = max([len(r[2]) for r in rows] + [7])
@@ -90,6 +93,7 @@ class Choice:
             "problem": self.headline(),
             "chosen": None if self.kernel is None else {"class": self.kernel.__name__,
                                                         "backend": self.kernel.backend.value},
+            "note": self.note,
             "candidates": [{"class": v.kernel.__name__, "backend": v.kernel.backend.value, "priority": v.priority,
                             "ok": v.ok, "reasons": list(v.reasons)} for v in self.verdicts],
         }

@@ -7,12 +7,12 @@ from typing import Any
 
 import torch
 
-from ..caps import Problem
 from ..enums import BACKEND
-from ..select import Choice, explain
+from ..select import Choice, NoKernelError
 from ..spec import Scheme
 from ..target import Target
 from .plan import plan_checkpoint
+from .repack import choose
 
 
 def why(choice: Choice) -> str:
@@ -30,6 +30,8 @@ def why(choice: Choice) -> str:
     if ahead:
         skipped = ", ".join(f"{v.kernel.backend.value} ({v.reasons[0]})" for v in ahead[:2])
         line += f"; passed over {skipped}{', ...' if len(ahead) > 2 else ''}"
+    if choice.note:
+        line += f"; {choice.note}"
     return line
 
 
@@ -62,7 +64,10 @@ def _inspect_gguf(path: Path, target: Target, dtype: torch.dtype, backend: BACKE
 
 def _row(name: str, s: Scheme, bias: bool, target: Target, dtype: torch.dtype,
          backend: BACKEND | str) -> dict[str, Any]:
-    choice = explain(Problem(s, dtype), target, backend)
+    try:
+        choice, run_as = choose(s, dtype, target, backend)
+    except NoKernelError as err:
+        choice, run_as = err.choice, s
     return {
         "module": name, "method": s.method.value, "format": s.format.value, "bits": s.bits,
         "group_size": -1 if s.channelwise else s.group_size, "sym": s.sym, "desc_act": s.desc_act,
@@ -70,4 +75,5 @@ def _row(name: str, s: Scheme, bias: bool, target: Target, dtype: torch.dtype,
         "out_features": s.out_features, "bias": bias,
         "backend": None if choice.kernel is None else choice.kernel.backend.value,
         "kernel": None if choice.kernel is None else choice.kernel.__name__, "why": why(choice),
+        "runs_as": run_as.format.value,
     }

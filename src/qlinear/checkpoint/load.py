@@ -12,25 +12,31 @@ from pathlib import Path
 
 import torch
 
-from ..caps import Problem
 from ..enums import BACKEND, FORMAT
 from ..kernels.base import QuantLinear
-from ..select import NoKernelError, select
+from ..select import NoKernelError
 from ..spec import Scheme
 from ..target import Target
 from .plan import CheckpointPlan, ModulePlan, plan_checkpoint
+from .repack import choose, repack_tensors
 from .safetensors_io import CheckpointError, read_tensor
 
 
 def build_layer(name: str, scheme: Scheme, tensors: Mapping[str, torch.Tensor], target: Target,
                 dtype: torch.dtype = torch.float16, backend: BACKEND | str = BACKEND.AUTO) -> QuantLinear:
-    """A prepared layer for one module's checkpoint tensors (names as in the checkpoint, without the prefix)."""
+    """A prepared layer for one module's checkpoint tensors (names as in the checkpoint, without the prefix).
+
+    A stored layout no kernel here runs (AWQ gemv on a CPU) is re-encoded losslessly first (``repack``).
+    """
     try:
-        choice = select(Problem(scheme, dtype), target, backend)
+        choice, run_as = choose(scheme, dtype, target, backend)
+        state = repack_tensors(tensors, scheme, run_as)
     except NoKernelError as err:
         raise CheckpointError(f"{name}: {err}") from err
+    except ValueError as err:
+        raise CheckpointError(f"{name}: {err}") from None
+    scheme = run_as
     layer = choice.kernel(scheme, bias="bias" in tensors, dtype=dtype)
-    state = dict(tensors)
     if "bias" in state:
         want = state["scales"].dtype if scheme.format is FORMAT.GEMM else layer.bias.dtype
         cast = state["bias"].to(want)

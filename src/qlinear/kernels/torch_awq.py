@@ -4,12 +4,15 @@ Weights stay packed between forwards. Each forward decodes the weight in row til
 ``TILE_ELEMENTS`` values and multiplies tile by tile (as ``TorchLinear`` does for GPTQ), so no dense
 ``[K, N]`` weight exists between forwards, nor a whole one inside a forward of a large layer.
 
-The declaration is the reference's, unchanged (bits 2..8). AWQ GEMM words exist for 2, 4 and 8 bits
+The declaration is the reference's (bits 2..8), with float32 activations added as for ``TorchLinear``: the
+decode is exact in float32, and CPU users often run float32 models. AWQ GEMM words exist for 2, 4 and 8 bits
 only (``layouts/awq``), so a 3, 5, 6 or 7-bit AWQ scheme is refused where it is made (``Scheme``);
 2-bit words hold 16 columns, so 2-bit layers also need ``out_features % 16 == 0``.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
@@ -28,7 +31,7 @@ class AwqTorchLinear(AwqQuantLinear):
     """AWQ GEMM words (2, 4 or 8 bits) decoded tile by tile in each forward; runs on every device."""
 
     backend = BACKEND.AWQ_TORCH
-    caps = _Declared.caps
+    caps = replace(_Declared.caps, dtypes=_Declared.caps.dtypes | {torch.float32})  # deliberate widening
 
     @classmethod
     def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
