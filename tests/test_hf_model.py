@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -58,3 +60,16 @@ def test_smollm2_gguf_served_matches_transformers_and_gptq_agrees() -> None:
     agree = (top_q == top_ref).float().mean().item()
     print(f"GPTQ 4-bit g128 top-1 agreement {agree:.3f}, perplexity {ppl:.2f}")
     assert agree >= 0.7  # measured 0.739 with asymmetric RTN + clip search (0.583 symmetric) on this 135M model
+
+    # The same weights as AWQ gemm on disk, loaded back: the AWQ kernels must reproduce the GPTQ model.
+    from qlinear.checkpoint import save_checkpoint
+    from qlinear.hf_model import backend_summary, from_pretrained
+
+    with tempfile.TemporaryDirectory() as tmp:
+        save_checkpoint(gptq, Path(tmp) / "awq", format="gemm")
+        awq = from_pretrained(Path(tmp) / "awq")
+    summary = "\n".join(backend_summary(awq))
+    assert "awq_torch (gemm)" in summary and "gptq" not in summary, summary
+    with torch.inference_mode():
+        la, lg = awq(text).logits, gptq(text).logits
+    assert ((la - lg).abs().max() / lg.abs().max()).item() < 1e-4

@@ -22,7 +22,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                              pad_token_id=tok.eos_token_id)
     dt = time.perf_counter() - t0
     new = out[0, ids.shape[1]:]
-    print(args.prompt + tok.decode(new, skip_special_tokens=True))
+    print(tok.decode(out[0], skip_special_tokens=True))  # whole sequence: the tokenizer spaces the seam
     print(f"\n{len(new)} tokens in {dt:.2f} s: {len(new) / dt:.1f} tokens/s")
     print("\n".join(backend_summary(model)))
     return 0

@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct through qlinear kernels: GGUF blocks served as they are, and a GPTQ 4-bit copy.
+"""SmolLM2-135M-Instruct through qlinear kernels: GGUF blocks served as they are, a GPTQ 4-bit copy and its AWQ twin.
 
 Why: MiniLM shows embeddings; this shows a real generative model end to end (transformers around qlinear
 layers), scored against the fp32 model on next-token agreement and perplexity. The weights come from the
@@ -99,6 +99,17 @@ def gptq_copy(fp32: nn.Module, workdir: Path) -> tuple[nn.Module, float]:
     return from_pretrained(workdir / "smollm2-gptq-4bit"), time.perf_counter() - t0
 
 
+def awq_copy(workdir: Path) -> tuple[nn.Module, float]:
+    """The GPTQ copy converted to AWQ gemm on disk (lossless: same codes, zeros and scales; ``qlinear convert``)
+    and loaded back through ``from_pretrained``, so it runs on the AWQ kernels."""
+    from ..checkpoint import convert_checkpoint
+    from ..hf_model import from_pretrained
+
+    t0 = time.perf_counter()
+    convert_checkpoint(workdir / "smollm2-gptq-4bit", workdir / "smollm2-awq-gemm", "gemm", overwrite=True)
+    return from_pretrained(workdir / "smollm2-awq-gemm"), time.perf_counter() - t0
+
+
 def run(max_new_tokens: int = 24) -> int:
     """The whole demo; returns an exit status."""
     from ..hf_model import backend_summary, serve_gguf
@@ -116,8 +127,10 @@ def run(max_new_tokens: int = 24) -> int:
     served = serve_gguf(copy.deepcopy(fp32), path)
     with tempfile.TemporaryDirectory() as tmp:
         gptq, secs = gptq_copy(fp32, Path(tmp))
-    print(f"GPTQ 4-bit g128 (RTN + clip search) quantized, saved and reloaded in {secs:.1f} s")
-    variants = {"fp32": fp32, "GGUF-served": served, "GPTQ 4-bit": gptq}
+        awq, secs_awq = awq_copy(Path(tmp))
+    print(f"GPTQ 4-bit g128 (RTN + clip search) quantized, saved and reloaded in {secs:.1f} s; converted to AWQ "
+          f"gemm and reloaded in {secs_awq:.1f} s")
+    variants = {"fp32": fp32, "GGUF-served": served, "GPTQ 4-bit": gptq, "AWQ 4-bit (from GPTQ)": awq}
     ids = prompt_ids(tok)
     text_ids = tok(TEXT, return_tensors="pt").input_ids
     print(f"prompt: {PROMPT!r}")
