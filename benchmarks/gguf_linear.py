@@ -1,6 +1,7 @@
 """GGUF linear layers side by side: qlinear's Torch and Triton kernels, ggml's CPU matmul, dense baselines.
 
-    python benchmarks/gguf_linear.py --cpu                 # one thread: GGUFTorchLinear, ggml, dequant + matmul
+    python benchmarks/gguf_linear.py --cpu                 # one thread: GGUFTorchLinear (fp32 exact, bf16 int4pack
+                                                           # route), ggml's own matmul, dense bf16
     python benchmarks/gguf_linear.py --gpu --check --sweep # H200: Triton vs bf16 cuBLAS vs GGUFTorchLinear,
                                                            # every Triton variant checked, a GEMV config sweep
 
@@ -65,27 +66,40 @@ def cpu_ms(fn: Callable[[], object], reps: int) -> float:
 
 
 def cpu_table(shapes: tuple, qtypes: tuple, ms: tuple, reps: int) -> str:
+    """One thread. ``exact``: GGUFTorchLinear with float32 activations (decode + float32 GEMM); ``bf16``: the same
+    layer with bfloat16 activations, which routes small M to the int4pack op (``gguf_int4pack``); ``op`` and
+    ``decode``: the two bf16 routes timed on their own at every M (where the crossover ``MAX_M`` comes from)."""
     import importlib.util
 
+    from qlinear.kernels import gguf_int4pack
     from qlinear.kernels.gguf_ggml import GGML_IDS, ggml_matmul
 
     torch.set_num_threads(1)
     have_ggml = importlib.util.find_spec("ggml") is not None
-    rows = ["| shape | qtype | M | GGUFTorchLinear ms | dequant+matmul ms | ggml ms | torch / ggml |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| shape | qtype | M | exact fp32 ms | bf16 ms (route) | op ms | decode ms | ggml ms | dense bf16 ms "
+            "| bf16 / ggml | ggml / bf16 |", "| --- " * 11 + "|"]
     for k, n in shapes:
+        dense = torch.randn(n, k, dtype=torch.bfloat16)
         for qt in qtypes:
             raw = random_blocks(qt, n, k)
-            lay = layer(GGUFTorchLinear, qt, k, n, raw, torch.float32)
+            exact = layer(GGUFTorchLinear, qt, k, n, raw, torch.float32)
+            fast = layer(GGUFTorchLinear, qt, k, n, raw, torch.bfloat16)
+            rt = gguf_int4pack.build(raw, qt, k, n) if gguf_int4pack.supported(qt) else None
             for m in ms:
                 x = torch.randn(m, k)
-                t_torch = cpu_ms(lambda: lay(x), reps)  # noqa: B023
-                t_deq = cpu_ms(lambda: x @ G.dequantize(raw, qt, k).t(), reps)  # noqa: B023
+                xb = x.to(torch.bfloat16)
+                t_exact = cpu_ms(lambda: exact(x), reps)  # noqa: B023
+                t_fast = cpu_ms(lambda: fast(xb), reps)  # noqa: B023
+                route = "op" if fast.uses_int4pack(xb) else "decode"
+                t_op = cpu_ms(lambda: gguf_int4pack.matmul(rt, xb, n), reps) if rt else float("nan")  # noqa: B023
+                t_dec = t_exact if route == "op" else t_fast  # the decode route computes in float32 either way
+                t_dense = cpu_ms(lambda: torch.nn.functional.linear(xb, dense), reps)  # noqa: B023
                 t_ggml = float("nan")
                 if have_ggml:
                     t_ggml = cpu_ms(lambda: ggml_matmul(raw, GGML_IDS[G.ggml_type(qt)], x, 1), reps)  # noqa: B023
-                rows.append(f"| {k}x{n} | {qt} | {m} | {t_torch:.2f} | {t_deq:.2f} | {t_ggml:.2f} | "
-                            f"{t_torch / t_ggml:.1f}x |")
+                rows.append(f"| {k}x{n} | {qt} | {m} | {t_exact:.2f} | {t_fast:.2f} ({route}) | {t_op:.2f} | "
+                            f"{t_dec:.2f} | {t_ggml:.2f} | {t_dense:.2f} | {t_fast / t_ggml:.2f}x | "
+                            f"{t_ggml / t_fast:.2f}x |")
     return "\n".join(rows)
 
 

@@ -1,0 +1,66 @@
+"""GGML blocks whose values are ``scale * code + offset`` over runs of 32: the form torch's int4pack op takes.
+
+Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 blocks are 32 values with one scale (and min); Q4_K and Q5_K super-blocks
+are eight 32-value sub-blocks, each with ``d * sc`` and ``-dmin * m``. ``affine32`` returns, per 32 values,
+unsigned codes (0 .. 2**bits - 1), a float32 scale and a float32 offset such that ``scale * code + offset``
+equals ``gguf.dequantize`` exactly (every product and sum below is exact in float32, or is the same
+operation the decoder performs). Types with 16-value sub-blocks (Q2_K, Q3_K, Q6_K) or non-affine codes
+(IQ4_*) have no such form.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .blocks import bit_planes, f16_field, nibbles
+from .kquants import kquant_scale_min
+from .legacy import _codes4, _codes5
+
+#: qtype name -> bits of its unsigned codes (signed types are shifted: Q8_0 codes are q + 128).
+AFFINE32_BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K": 5}
+
+
+def _legacy(blocks: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    d = f16_field(blocks, 0)
+    if name == "Q8_0":  # q int8: d*q = d*(q + 128) - 128*d, both exact (19 and 12 significant bits)
+        q = blocks[:, 2:34].contiguous().view(torch.int8).to(torch.int16) + 128
+        return q.to(torch.uint8), d, -128 * d
+    if name == "Q4_0":
+        return _codes4(blocks, 2), d, -8 * d
+    if name == "Q5_0":
+        return _codes5(blocks, 2), d, -16 * d
+    m = f16_field(blocks, 2)
+    return (_codes4(blocks, 4) if name == "Q4_1" else _codes5(blocks, 4)), d, m
+
+
+def _kquant(blocks: torch.Tensor, five: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    nb = blocks.shape[0]
+    d, dmin = f16_field(blocks, 0), f16_field(blocks, 2)
+    sc, mn = kquant_scale_min(blocks[:, 4:16])
+    qs_at = 48 if five else 16
+    q = nibbles(blocks[:, qs_at:qs_at + 128].reshape(nb, 4, 32)).reshape(nb, 8, 32)
+    if five:
+        q = q | (bit_planes(blocks[:, 16:48], 1, 8) << 4)
+    return q.reshape(nb * 8, 32), (d * sc.float()).reshape(-1, 1), (-(dmin * mn.float())).reshape(-1, 1)
+
+
+def affine32(qweight: torch.Tensor, qtype: str, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``uint8 [N, row_bytes]`` GGML rows -> ``codes uint8 [N, Kp]``, ``scale [N, Kp/32]``, ``offset [N, Kp/32]``.
+
+    ``Kp`` is ``k`` rounded up to whole blocks (the padding values decode like any other; a caller multiplies
+    them by zero activations). Raises ``ValueError`` for a type with no 32-value affine form.
+    """
+    if qtype not in AFFINE32_BITS:
+        raise ValueError(f"{qtype}: no 32-value affine form (takes {', '.join(AFFINE32_BITS)})")
+    from . import type_info
+
+    info = type_info(qtype)
+    n, block, size = qweight.shape[0], info.block_size, info.type_size
+    nb = -(-k // block)
+    if tuple(qweight.shape) != (n, nb * size) or qweight.dtype != torch.uint8:
+        raise ValueError(f"qweight ({qtype}): expected uint8 [{n}, {nb * size}], got "
+                         f"{str(qweight.dtype).removeprefix('torch.')} {list(qweight.shape)}")
+    blocks = qweight.reshape(n * nb, size)
+    codes, scale, offset = (_kquant(blocks, qtype == "Q5_K") if qtype.endswith("_K") else _legacy(blocks, qtype))
+    groups = nb * block // 32
+    return codes.reshape(n, groups * 32), scale.reshape(n, groups), offset.reshape(n, groups)

@@ -1,0 +1,103 @@
+"""GGUF blocks through torch's CPU int4pack op (GGUFTorchLinear's bfloat16 small-M route, kernels/gguf_int4pack).
+
+Oracles: ``gguf.quants.dequantize`` (the gguf package's numpy decoder) for the 32-value affine form, and a
+float64 matmul on that decode for the layer. Tolerances: bfloat16 activations and per-32 scales rounded to
+bfloat16 leave about 2**-8 relative error; 1e-2 of max |y| as elsewhere for bfloat16.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from qlinear.kernels import gguf_int4pack
+from qlinear.kernels.gguf_torch import GGUFTorchLinear
+from qlinear.layouts import gguf
+from qlinear.layouts.gguf.affine32 import AFFINE32_BITS, affine32
+
+gq = pytest.importorskip("gguf.quants", reason="needs the gguf package: pip install 'qlinear[gguf]'")
+from gguf import GGMLQuantizationType  # noqa: E402
+
+TYPES = sorted(AFFINE32_BITS)
+
+
+def encoded(qtype: str, n: int, k: int, seed: int) -> torch.Tensor:
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.05
+    return torch.from_numpy(gguf.quantize(w, qtype))
+
+
+def oracle(raw: torch.Tensor, qtype: str) -> np.ndarray:
+    return gq.dequantize(raw.numpy(), getattr(GGMLQuantizationType, qtype)).astype(np.float64)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_affine32_is_exactly_the_gguf_decode(qtype: str) -> None:
+    k = 512 if qtype.endswith("_K") else 160
+    raw = encoded(qtype, 24, k, 0)
+    codes, scale, offset = affine32(raw, qtype, k)
+    assert codes.dtype == torch.uint8 and int(codes.max()) < 2 ** AFFINE32_BITS[qtype]
+    w = codes.double().view(24, -1, 32) * scale.double()[..., None] + offset.double()[..., None]
+    np.testing.assert_array_equal(w.view(24, k).numpy(), oracle(raw, qtype))
+
+
+def test_affine32_refuses_what_it_cannot_express() -> None:
+    with pytest.raises(ValueError, match="Q6_K: no 32-value affine form"):
+        affine32(torch.zeros(2, 210, dtype=torch.uint8), "Q6_K", 256)
+    with pytest.raises(ValueError, match=r"qweight \(Q4_0\): expected uint8 \[2, 36\], got uint8 \[2, 18\]"):
+        affine32(torch.zeros(2, 18, dtype=torch.uint8), "Q4_0", 64)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("n", [80, 128])  # 80: output channels padded to the op's 64-channel block
+def test_bf16_small_m_runs_the_op_and_matches_float64(qtype: str, n: int) -> None:
+    k = 512 if qtype.endswith("_K") else 160
+    raw = encoded(qtype, n, k, n)
+    lay = GGUFTorchLinear(gguf.scheme_for(qtype, k, n), bias=True, dtype=torch.bfloat16)
+    bias = torch.randn(n) * 0.1
+    lay.load_blocks(raw, bias)
+    w64 = oracle(raw, qtype)
+    planes = 1 if AFFINE32_BITS[qtype] == 4 else 2
+    for m in (1, 3, gguf_int4pack.MAX_M[planes]):
+        x = torch.randn(2, m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+        assert lay.uses_int4pack(x.reshape(-1, k)) == (2 * m <= gguf_int4pack.MAX_M[planes])
+        y = lay(x)
+        assert y.dtype == torch.bfloat16 and y.shape == (2, m, n)
+        ref = x.double().numpy() @ w64.T + bias.double().numpy()
+        err = np.abs(y.double().numpy() - ref).max() / np.abs(ref).max()
+        assert err < 1e-2, f"{qtype} M={2 * m}: relative error {err:.2e}"
+    assert lay._int4pack is not None and lay._int4pack.planes == planes
+
+
+def test_float32_and_float16_keep_the_exact_decode() -> None:
+    raw = encoded("Q4_K", 64, 256, 1)
+    w64 = oracle(raw, "Q4_K")
+    for dtype, tol in ((torch.float32, 1e-6), (torch.float16, 2e-3)):
+        lay = GGUFTorchLinear(gguf.scheme_for("Q4_K", 256, 64), dtype=dtype)
+        lay.load_blocks(raw)
+        x = torch.randn(1, 256).to(dtype)
+        y = lay(x)
+        assert lay._int4pack is None
+        ref = x.double().numpy() @ w64.T
+        assert np.abs(y.double().numpy() - ref).max() / np.abs(ref).max() < tol
+
+
+def test_gradients_take_the_decode_path() -> None:
+    lay = GGUFTorchLinear(gguf.scheme_for("Q8_0", 64, 64), dtype=torch.bfloat16)
+    lay.load_blocks(encoded("Q8_0", 64, 64, 2))
+    x = torch.randn(1, 64, dtype=torch.bfloat16, requires_grad=True)
+    assert not lay.uses_int4pack(x)
+    lay(x).sum().backward()
+    assert x.grad is not None and lay._int4pack is None
+
+
+def test_new_blocks_rebuild_the_runtime() -> None:
+    lay = GGUFTorchLinear(gguf.scheme_for("Q4_0", 64, 64), dtype=torch.bfloat16)
+    lay.load_blocks(encoded("Q4_0", 64, 64, 3))
+    x = torch.randn(1, 64, dtype=torch.bfloat16)
+    lay(x)
+    raw = encoded("Q4_0", 64, 64, 4)
+    lay.load_blocks(raw)
+    ref = x.double().numpy() @ oracle(raw, "Q4_0").T
+    y = lay(x).double().numpy()
+    assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-2
