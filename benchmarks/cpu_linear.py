@@ -86,9 +86,27 @@ def build(k: int, n: int, seed: int = 0) -> dict[str, Callable[[torch.Tensor], t
 
 
 @torch.no_grad()
+def read_bandwidth_gbs(mib: int = 256) -> float:
+    """One thread's streaming read bandwidth (median ``sum`` over a buffer far larger than the caches)."""
+    a = torch.ones(mib << 18, dtype=torch.float32)
+    return (mib / 1024) / (median_ms(a.sum, 7, 5.0) / 1e3)
+
+
+def bytes_bound(k: int, n: int, gbs: float, bf16_ms: float, fp32_ms: float) -> str:
+    """The most a 4-bit GEMV can gain at M=1 from bytes alone: its weight streamed at the best bandwidth seen
+    (``gbs`` or what the dense GEMVs achieved), against the dense times measured."""
+    dense, four = 2 * k * n, k * n // 2 + 2 * 2 * (k // 128) * n  # bf16 weight; 4-bit codes + scales/zeros
+    best = max(gbs, dense / bf16_ms / 1e6, 2 * dense / fp32_ms / 1e6)
+    floor = four / best / 1e6
+    return (f"bytes bound: 4-bit g128 reads {four / 2**20:.0f} MiB, >= {floor:.2f} ms at the best one-thread "
+            f"bandwidth seen ({best:.1f} GB/s), so at most {bf16_ms / floor:.1f}x dense bf16 and "
+            f"{fp32_ms / floor:.1f}x dense fp32 as measured")
+
+
 def run_table(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], reps: int, budget_s: float) -> str:
     lines: list[str] = []
     notes: list[str] = []
+    gbs = read_bandwidth_gbs()
     for k, n in shapes:
         fns = build(k, n)
         times = {name: {} for name in fns}
@@ -109,7 +127,7 @@ def run_table(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], reps: in
             best = min(four_bit, key=lambda nm: times[nm][1])
             notes.append(f"- {k}x{n} M=1: best 4-bit {best}: {times['dense bf16'][1] / times[best][1]:.2f}x dense "
                          f"bf16 (target >= 5), {times['dense fp32'][1] / times[best][1]:.2f}x dense fp32 "
-                         "(target >= 10)")
+                         f"(target >= 10); {bytes_bound(k, n, gbs, times['dense bf16'][1], times['dense fp32'][1])}")
         worst = min(ms, key=lambda m: times["dense bf16"][m] / times[auto][m])
         ratio = times["dense bf16"][worst] / times[auto][worst]
         notes.append(f"- {k}x{n} {auto}: worst M={worst} at {ratio:.2f}x dense bf16 "

@@ -111,6 +111,20 @@ def test_gptq_variant_matches_oracle(case: tuple, variant: str) -> None:
     assert int(layer._rt_lock.abs().sum()) == 0  # split-K counters are left at zero for the next call
 
 
+@pytest.mark.parametrize("case", GPTQ[:4] + GPTQ[6:8], ids=lambda c: f"{c[1]}b-g{c[2]}{'-act' if c[4] else ''}")
+def test_gemv_prefetch_matches_oracle(case: tuple) -> None:
+    """The gemv body with the next step's words loaded ahead (clamped rows, split-K tails included)."""
+    from qlinear.kernels.triton.qmm import qmm
+
+    layer, w64, b64 = gptq_layer(case)
+    cfg, m = forced("gemv", case[1])
+    x = torch.randn(m, case[6], generator=torch.Generator().manual_seed(5)).to(case[8])
+    layer.ensure_prepared()
+    y = qmm(x, layer.packed(), cfg, layer.bias, layer._rt_lock, prefetch=True)
+    assert rel_err(y, x.double().numpy() @ w64.T + b64) < TOL[case[8]]
+    assert int(layer._rt_lock.abs().sum()) == 0
+
+
 @pytest.mark.parametrize("m", [1, 4, 16, 40, 1100])
 def test_forward_picks_a_variant_per_m(m: int) -> None:
     layer, w64, b64 = gptq_layer(GPTQ[1])

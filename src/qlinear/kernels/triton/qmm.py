@@ -46,7 +46,8 @@ def qmm_kernel(X, W, S, Z, PERM, BIAS, Y, PART, LOCK,
                BITS: tl.constexpr, R: tl.constexpr, ZC: tl.constexpr, ONE_GROUP: tl.constexpr,
                HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+               SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+               PREFETCH: tl.constexpr = False):
     PF: tl.constexpr = 32 // BITS
     BKW: tl.constexpr = BLOCK_K // PF
     HALF: tl.constexpr = PF // 2
@@ -63,10 +64,18 @@ def qmm_kernel(X, W, S, Z, PERM, BIAS, Y, PART, LOCK,
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:  # one row per program
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if PREFETCH:  # words of the next step load while this one computes (a clamped row: always in range)
+        w_next = load_words(W, tl.maximum(tl.minimum(kb0, nkb - 1), 0) * BKW + tl.arange(0, BKW), offs_n, KW, NP,
+                            EVEN_K, EVEN_N)
     for kb in range(kb0, kb1):
         row0 = kb * BKW
         rows = row0 + tl.arange(0, BKW)
-        w = load_words(W, rows, offs_n, KW, NP, EVEN_K, EVEN_N)
+        if PREFETCH:
+            w = w_next
+            w_next = load_words(W, tl.minimum(kb + 1, nkb - 1) * BKW + tl.arange(0, BKW), offs_n, KW, NP,
+                                EVEN_K, EVEN_N)
+        else:
+            w = load_words(W, rows, offs_n, KW, NP, EVEN_K, EVEN_N)
         s, z = group_params(S, Z, rows, row0, offs_n, G, NP, GS, PF, R, BLOCK_N, ZC, HAS_Z, ONE_GROUP, EVEN_N)
         if USE_DOT:
             a = load_x(X, offs_m, tile_kpos(row0, BLOCK_K, BKW, R, PF), M, K, KP, stride_xm, PERM, HAS_PERM,
@@ -225,10 +234,11 @@ def lock_slots(n: int) -> int:
 
 
 def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = None,
-        lock: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        lock: torch.Tensor | None = None, out: torch.Tensor | None = None, prefetch: bool = False) -> torch.Tensor:
     """``x2 [M, K] @ W^T (+ bias)`` -> ``[M, N]`` in x2's dtype, with the tiles and split of ``cfg``.
 
-    ``lock`` (int32 zeros, ``lock_slots(N)``) enables split-K; ``out`` a contiguous ``[M, N]`` to write into.
+    ``lock`` (int32 zeros, ``lock_slots(N)``) enables split-K; ``out`` a contiguous ``[M, N]`` to write into;
+    ``prefetch`` (gemv only) loads the next K step's words before computing the current one.
     """
     m = x2.shape[0]
     y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device) if out is None else out
@@ -253,7 +263,8 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
         HAS_Z=p.zeros is not None,
         HAS_PERM=perm is not None, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SPLIT=split > 1, USE_DOT=use_dot, EVEN_K=kx == p.kp and p.kp % cfg.block_k == 0,
-        EVEN_N=p.np % cfg.block_n == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        EVEN_N=p.np % cfg.block_n == 0, PREFETCH=prefetch and not use_dot, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     return y
 
 
