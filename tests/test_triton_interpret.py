@@ -13,6 +13,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import functools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -120,7 +121,7 @@ def test_gemv_prefetch_matches_oracle(case: tuple) -> None:
     cfg, m = forced("gemv", case[1])
     x = torch.randn(m, case[6], generator=torch.Generator().manual_seed(5)).to(case[8])
     layer.ensure_prepared()
-    y = qmm(x, layer.packed(), cfg, layer.bias, layer._rt_lock, prefetch=True)
+    y = qmm(x, layer.packed(), replace(cfg, prefetch=True), layer.bias, layer._rt_lock)
     assert rel_err(y, x.double().numpy() @ w64.T + b64) < TOL[case[8]]
     assert int(layer._rt_lock.abs().sum()) == 0
 

@@ -234,11 +234,10 @@ def lock_slots(n: int) -> int:
 
 
 def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = None,
-        lock: torch.Tensor | None = None, out: torch.Tensor | None = None, prefetch: bool = False) -> torch.Tensor:
+        lock: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x2 [M, K] @ W^T (+ bias)`` -> ``[M, N]`` in x2's dtype, with the tiles and split of ``cfg``.
 
-    ``lock`` (int32 zeros, ``lock_slots(N)``) enables split-K; ``out`` a contiguous ``[M, N]`` to write into;
-    ``prefetch`` (gemv only) loads the next K step's words before computing the current one.
+    ``lock`` (int32 zeros, ``lock_slots(N)``) enables split-K; ``out`` a contiguous ``[M, N]`` to write into.
     """
     m = x2.shape[0]
     y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device) if out is None else out
@@ -263,7 +262,7 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
         HAS_Z=p.zeros is not None,
         HAS_PERM=perm is not None, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SPLIT=split > 1, USE_DOT=use_dot, EVEN_K=kx == p.kp and p.kp % cfg.block_k == 0,
-        EVEN_N=p.np % cfg.block_n == 0, PREFETCH=prefetch and not use_dot, num_warps=cfg.num_warps,
+        EVEN_N=p.np % cfg.block_n == 0, PREFETCH=cfg.prefetch and not use_dot, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return y
 
