@@ -101,13 +101,14 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
     block_n = 128 if n >= 1024 else max(32, min(128, 1 << (n - 1).bit_length()))
     if variant == "gemv":  # BLOCK_N = 128 * num_warps (the body's layout contract); a step in one group
         # Measured on the H200 (benchmarks/gemv_sweep.py, results/h200-gemv_sweep-2026-12-02.md): 2 warps and
-        # about 12 CTAs per SM (many loads in flight) won on 3 of 4 shapes; 64-code steps for 8-bit words.
+        # about 12 CTAs per SM (many loads in flight, at most 32 splits) won on 3 of 4 shapes; 64-code steps
+        # for 8-bit words.
         warps = 2 if n >= 256 else 1
         bk = max(64, 8 * pf)
         while bk > pf and group % bk:
             bk //= 2
         nkb = -(-k // bk)
-        split = _split(-(-n // (128 * warps)), nkb, sms, 12, 2)
+        split = min(32, _split(-(-n // (128 * warps)), nkb, sms, 12, 2))
         return Config("gemv", 1, 128 * warps, bk, split, warps, 2)
     if variant == "skinny":  # 64 columns x 4 warps: the dequantized tile feeds mma straight from registers
         bn = 64 if n >= 64 else 32
