@@ -30,8 +30,8 @@ TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 BITS = (2, 4, 8)
 GROUPS = (-1, 16, 32, 64, 128, 256, 1024)
 SHAPES = ((2048, 1536), (2144, 1000), (1056, 777), (4096, 512))  # K x N: K tails, odd and unaligned N
-M_VARIANT = ((1, "gemv"), (3, "gemv"), (16, "skinny"), (5, "skinny2"), (16, "skinny2"), (33, "gemm"), (128, "gemm"),
-             (33, "gemm2"), (128, "gemm2"), (1024, "dense"))
+M_VARIANT = ((1, "gemv"), (3, "gemv"), (16, "skinny"), (5, "skinny2"), (16, "skinny2"), (1, "skinny3"), (5, "skinny3"),
+             (16, "skinny3"), (33, "gemm"), (128, "gemm"), (33, "gemm2"), (128, "gemm2"), (1024, "dense"))
 
 
 def random_affine(n: int, k: int, bits: int, group: int, sym: bool, desc: bool, gen: torch.Generator) -> AffineWeight:
@@ -66,7 +66,11 @@ def check_layer(layer: TritonV2Linear, q: AffineWeight, bias: torch.Tensor | Non
     dev = layer._rt_qweight.device
     w64 = reference(q, dev)
     out = []
+    from qlinear.kernels.triton.qmm3 import skinny3_reasons
+
     for m, variant in M_VARIANT:
+        if variant == "skinny3" and skinny3_reasons(layer.packed(), m, dtype):
+            continue  # not declared for this layer (4-bit, 2+ word rows per field block): nothing to check
         x = torch.randn(m, q.in_features, generator=gen).to(dev, dtype)
         ref = x.double() @ w64.t() + (bias.double().to(dev) if bias is not None else 0)
         cfg = layer.config_for(m, dev, variant)
@@ -183,7 +187,8 @@ def sass_report() -> int:
     layer.prepare()
     print("| kernel | config | regs | spills | smem B | " + " | ".join(SASS_OPS) + " |")
     print("| --- " * (5 + len(SASS_OPS)) + "|")
-    for m, variant in ((1, "gemv"), (16, "skinny"), (16, "skinny2"), (128, "gemm"), (128, "gemm2"), (1024, "dense")):
+    for m, variant in ((1, "gemv"), (16, "skinny"), (16, "skinny2"), (16, "skinny3"), (128, "gemm"), (128, "gemm2"),
+                       (1024, "dense")):
         x = torch.randn(m, 4096, device=dev, dtype=torch.bfloat16)
         cfg = layer.config_for(m, dev, variant)
         layer.matmul(x, config=cfg)

@@ -194,6 +194,7 @@ def variants_table(args: argparse.Namespace, bw: float) -> dict[str, object]:
             t = {}
             for v in names:
                 if ((v == "gemv" and m > 16) or (v.startswith("skinny") and m > 256) or (v == "dense" and m < 16)
+                        or (v == "skinny3" and m > 16)
                         or (v.startswith("gemm") and m < 16)):
                     continue
                 try:

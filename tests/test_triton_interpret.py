@@ -93,12 +93,13 @@ def forced(variant: str, bits: int) -> tuple[Config, int]:
         "skinny": (Config("skinny", 16, 32, max(32, 2 * pf), 2, 4, 1), 7),
         "gemm": (Config("gemm", 32, 32, 64, 2, 4, 1), 37),
         "skinny2": (Config("skinny2", 16, 32, 32, 2, 4, 1), 7),
+        "skinny3": (Config("skinny3", 16, 32, 32, 3, 4, 1), 7),
         "gemm2": (Config("gemm2", 32, 32, 64, 3, 4, 1), 37),
         "dense": (Config("dense", 1, 32, 8 * pf, 1, 4, 1), 9),
     }[variant]
 
 
-@pytest.mark.parametrize("variant", ["gemv", "skinny", "skinny2", "gemm", "gemm2", "dense"])
+@pytest.mark.parametrize("variant", ["gemv", "skinny", "skinny2", "skinny3", "gemm", "gemm2", "dense"])
 @pytest.mark.parametrize("case", GPTQ, ids=lambda c: f"{c[0]}-{c[1]}b-g{c[2]}-{'sym' if c[3] else 'asym'}"
                          f"{'-act' if c[4] else ''}-{str(c[8])[6:]}")
 def test_gptq_variant_matches_oracle(case: tuple, variant: str) -> None:
@@ -106,6 +107,10 @@ def test_gptq_variant_matches_oracle(case: tuple, variant: str) -> None:
     cfg, m = forced(variant, case[1])
     dtype = case[8]
     x = torch.randn(m, case[6], generator=torch.Generator().manual_seed(m)).to(dtype)
+    if variant == "skinny3" and case[1] != 4:
+        with pytest.raises(ValueError, match=f"skinny3 cannot run this call: {case[1]}-bit words"):
+            layer.matmul(x, config=cfg)
+        return
     y = layer.matmul(x, config=cfg)
     assert y.shape == (m, case[7]) and y.dtype == dtype
     assert rel_err(y, x.double().numpy() @ w64.T + b64) < TOL[dtype]
@@ -152,8 +157,12 @@ def test_irregular_groups_are_padded() -> None:
     w64 = dequantize_checkpoint(sd, bits, k, n, "gptq_v2")
     assert layer.packed().kp > k  # padded
     x = torch.randn(5, k, dtype=torch.float16)
-    for variant in ("gemv", "skinny", "skinny2", "gemm", "gemm2", "dense"):
+    for variant in ("gemv", "skinny", "skinny2", "skinny3", "gemm", "gemm2", "dense"):
         cfg, _ = forced(variant, bits)
+        if variant == "skinny3":  # groups padded to 40 rows: no 2-row field blocks inside a group
+            with pytest.raises(ValueError, match="field blocks of 1 word rows"):
+                layer.matmul(x, config=cfg)
+            continue
         assert rel_err(layer.matmul(x, config=cfg), x.double().numpy() @ w64.T) < TOL[torch.float16]
 
 
@@ -168,7 +177,7 @@ def test_awq_gemm_matches_oracle(group: int, sym: bool, dtype: torch.dtype) -> N
     layer.prepare()
     sd = {name: t.numpy() for name, t in layer.state_dict().items()}
     w64 = awq_numpy.dequantize("gemm", sd, 4, k, n, layer.scheme.group_size)
-    for variant in ("gemv", "skinny", "skinny2", "gemm", "gemm2", "dense"):
+    for variant in ("gemv", "skinny", "skinny2", "skinny3", "gemm", "gemm2", "dense"):
         cfg, m = forced(variant, 4)
         x = torch.randn(m, k).to(dtype)
         assert rel_err(layer.matmul(x, config=cfg), x.double().numpy() @ w64.T) < TOL[dtype]

@@ -160,7 +160,13 @@ class TritonQuantMixin:
         name, sms = device_facts(device.index or 0) if device.type == "cuda" else ("interpreter", 4)
         bits, k, n, group = self._rt_meta[:4]  # type: ignore[index]
         kp = self._rt_qweight.shape[0] * (32 // bits)
-        return legal(choose(name, sms, m, n, k, bits, group, variant), m, kp, bits)
+        cfg = choose(name, sms, m, n, k, bits, group, variant)
+        if cfg.variant == "skinny3" and variant is None:  # chosen by M, but this layer/call may not fit it
+            from .triton.qmm3 import skinny3_reasons
+
+            if skinny3_reasons(self.packed(), m, self.dtype):
+                cfg = choose(name, sms, m, n, k, bits, group, "skinny2")
+        return legal(cfg, m, kp, bits)
 
     def matmul(self, x2: torch.Tensor, variant: str | None = None, config: Any = None) -> torch.Tensor:
         """``x2 [M, K] @ W^T + bias`` with the chosen (or given) variant/config."""

@@ -7,6 +7,8 @@ A config is chosen per call from the flattened row count M. Variants, each with 
 * ``gemm``   tiled dequant-in-the-loop ``tl.dot`` (M up to ~512), split-K only when tiles are few.
 * ``skinny2``/``gemm2`` the same two roles in ``qmm2_kernel``: A contiguous (x in sorted order), B words
   broadcast to every field and shifted per K row (no gather, no stack/join of fields).
+* ``skinny3`` 4-bit, M <= 16: codes dequantized two per instruction (packed bf16x2/f16x2 PTX) into the A
+  operand of a swap-AB wgmma (``qmm3.py``).
 * ``dense``  dequantize into a transient dense weight and call cuBLAS (large M).
 
 The table (``tuned_<device>.json``) is keyed by device name, then ``variant:m=<bucket>:n=:k=:b=:g=``;
@@ -21,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from typing import Any
 
-VARIANTS = ("gemv", "skinny", "skinny2", "gemm", "gemm2", "dense")
+VARIANTS = ("gemv", "skinny3", "skinny", "skinny2", "gemm", "gemm2", "dense")
 #: group length the kernels use for "one group spans K" (any block is inside group 0)
 CHANNELWISE = 1 << 30
 #: default crossovers (largest M bucket served), used when the table has none for a device/bits
@@ -129,6 +131,10 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         bk = 128 if bits >= 4 else 256
         split = _split(-(-n // bn), -(-k // bk), sms, 4, 2)
         return Config("skinny2", 16, bn, bk, split, 4, 4)
+    if variant == "skinny3":  # swap-AB wgmma: 128 output channels x 16 rows per CTA, 4 warps (qmm3.py)
+        bk = 128
+        split = min(32, _split(-(-n // 128), -(-k // bk), sms, 4, 2))
+        return Config("skinny3", 16, 128, bk, split, 4, 3)
     if variant == "gemm2":  # wgmma tiles (64 rows per warpgroup), 8 warps
         bm = 64 if m <= 64 else 128
         bn = 128 if n >= 128 else max(32, 1 << (n - 1).bit_length())
@@ -162,7 +168,7 @@ def choose(device: str, sms: int, m: int, n: int, k: int, bits: int, group: int,
 def legal(cfg: Config, m: int, k: int, bits: int) -> Config:
     """Clamp a config to what the kernels accept for this call (powers of two, dot minimums, split range)."""
     pf = 32 // bits
-    bk = max(cfg.block_k, pf, 16 * (cfg.variant in ("skinny", "gemm", "skinny2", "gemm2")))
+    bk = max(cfg.block_k, pf, 16 * (cfg.variant in ("skinny", "gemm", "skinny2", "gemm2", "skinny3")))
     bm = 1 if cfg.variant == "gemv" else max(16, cfg.block_m)
     if cfg.variant == "gemv":  # the layout contract of the GEMV body
         cfg = replace(cfg, block_n=128 * cfg.num_warps)

@@ -245,6 +245,11 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
         return y
     if cfg.variant in V2:
         return qmm2(x2, p, cfg, bias, lock, y)
+    if cfg.variant == "skinny3":
+        from ..triton_gptq import interpreting
+        from .qmm3 import qmm3
+
+        return qmm3(x2, p, cfg, bias, lock, y, use_asm=not interpreting())
     use_dot = cfg.variant != "gemv"
     bm = cfg.block_m if use_dot else 1
     perm, kx = p.perm, p.k
