@@ -226,7 +226,8 @@ def candidates(variant: str, base: Config) -> list[Config]:
         out += [Config(variant, 1, base.block_n, base.block_k, max(1, base.split_k * f), base.num_warps, 2)
                 for f in (0.5, 2)]
     else:
-        for bn, bk, w, st in ((64, 128, 4, 3), (64, 256, 4, 3), (128, 64, 4, 3), (128, 64, 8, 4), (256, 64, 8, 3)):
+        for bn, bk, w, st in ((64, 128, 4, 3), (64, 256, 4, 3), (128, 64, 4, 3), (128, 64, 8, 4), (256, 64, 8, 3),
+                              (128, 256, 4, 3), (256, 128, 8, 3), (128, 128, 4, 4)):
             out.append(Config(variant, base.block_m, bn, bk, base.split_k, w, st))
         out += [Config(variant, base.block_m, base.block_n, base.block_k, max(1, int(base.split_k * f)),
                        base.num_warps, base.num_stages) for f in (0.5, 2)]
@@ -243,7 +244,7 @@ def tune(args: argparse.Namespace) -> dict[str, object]:
         r = copies(p.qweight.numel() * 4)
         for m in args.m:
             x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
-            variant = configs.pick_variant(props.name, m, 4)
+            variant = args.variant or configs.pick_variant(props.name, m, 4)
             if variant == "dense":
                 continue
             best: tuple[float, Config] | None = None
@@ -271,6 +272,7 @@ def main() -> int:
     ap.add_argument("--variants", action="store_true", help="time each of our variants separately")
     ap.add_argument("--tune", action="store_true", help="sweep a few configs per shape/M, print table entries")
     ap.add_argument("--json", help="write crossovers/configs found by --variants/--tune to this file")
+    ap.add_argument("--variant", help="--tune this variant instead of the one the crossovers pick")
     ap.add_argument("--skip", default="", help="peers to leave out: bf16,tinygemm,marlin,machete")
     ap.add_argument("--tinygemm-max-m", type=int, default=256, help="tinygemm is pathological above this M")
     args = ap.parse_args()
