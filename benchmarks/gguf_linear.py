@@ -136,25 +136,45 @@ def copies(nbytes: int) -> int:
     return max(2, -(-4 * L2_BYTES // max(1, nbytes)) + 1)
 
 
+def affine_layers(qt: str, k: int, n: int, raw: torch.Tensor) -> list[torch.nn.Module]:
+    """GGUFTritonKernel copies with ``affine_runtime`` (the GPTQ kernels on the blocks' affine form)."""
+    out = []
+    for _ in range(copies(raw.numel() * 4 // 3)):  # the runtime layout is ~6 bits per weight
+        lay = GGUFTritonKernel(G.scheme_for(qt, k, n), dtype=torch.bfloat16, affine_runtime=True).to(raw.device)
+        lay.load_blocks(raw.clone(), share=True)
+        lay.prepare()
+        out.append(lay)
+    return out
+
+
 def gpu_table(shapes: tuple, qtypes: tuple, ms: tuple) -> str:
-    rows = ["| shape | qtype | M | bf16 cuBLAS us | Triton us | variant | GGUFTorchLinear us | vs cuBLAS | "
-            "vs GGUFTorch | Triton GB/s |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    from qlinear.kernels.gguf_triton import AFFINE_RUNNABLE
+
+    rows = ["| shape | qtype | M | bf16 cuBLAS us | Triton us | variant | affine us (rel err) | GGUFTorchLinear us "
+            "| Triton vs cuBLAS | affine vs cuBLAS | vs GGUFTorch | Triton GB/s |", "| --- " * 12 + "|"]
     for k, n in shapes:
         dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies(2 * n * k))]
         for qt in qtypes:
             raw = random_blocks(qt, n, k, "cuda")
             lays = [layer(GGUFTritonKernel, qt, k, n, raw.clone(), torch.bfloat16) for _ in range(copies(raw.numel()))]
             ref = layer(GGUFTorchLinear, qt, k, n, raw, torch.bfloat16)
+            aff = affine_layers(qt, k, n, raw) if G.ggml_type(qt) in AFFINE_RUNNABLE else []
             for m in ms:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 t_d = gpu_us([lambda w=w: torch.nn.functional.linear(x, w) for w in dense])  # noqa: B023
                 t_t = gpu_us([lambda lay=lay: lay(x) for lay in lays])  # noqa: B023
                 t_r = gpu_us([lambda r=ref: r(x)], reps=5)  # noqa: B023
+                cell, ratio = "-", "-"
+                if aff:
+                    want = ref(x).float()
+                    err = float((aff[0](x).float() - want).norm() / want.norm())
+                    t_a = gpu_us([lambda lay=lay: lay(x) for lay in aff])  # noqa: B023
+                    cell, ratio = f"{t_a:.1f} ({err:.1e}{'' if err < 1e-2 else ' FAIL'})", f"{t_d / t_a:.2f}x"
                 variant = lays[0].config(m, x.device).variant
                 gbs = raw.numel() / t_t / 1e3
-                rows.append(f"| {k}x{n} | {qt} | {m} | {t_d:.1f} | {t_t:.1f} | {variant} | {t_r:.1f} | "
-                            f"{t_d / t_t:.2f}x | {t_r / t_t:.1f}x | {gbs:.0f} |")
-            del lays, ref
+                rows.append(f"| {k}x{n} | {qt} | {m} | {t_d:.1f} | {t_t:.1f} | {variant} | {cell} | {t_r:.1f} | "
+                            f"{t_d / t_t:.2f}x | {ratio} | {t_r / t_t:.1f}x | {gbs:.0f} |")
+            del lays, ref, aff
     return "\n".join(rows)
 
 

@@ -150,3 +150,62 @@ def test_input_errors() -> None:
         lay(torch.zeros(1, 64, dtype=torch.float16))
     with pytest.raises(ValueError, match="dtype torch.int32 not supported"):
         lay(torch.zeros(1, 640, dtype=torch.int32))
+
+
+AFFINE_TYPES = (G.GGMLType.Q4_0, G.GGMLType.Q4_1, G.GGMLType.Q4_K)
+
+
+@functools.cache
+def affine_layer(qtype: G.GGMLType, n: int, k: int) -> tuple[GGUFTritonKernel, np.ndarray, np.ndarray]:
+    """As ``layer`` but with ``affine_runtime``: the blocks also run on the GPTQ kernels (float offsets)."""
+    base, w64, b64 = layer(qtype, n, k)
+    lay = GGUFTritonKernel(G.scheme_for(qtype, k, n), bias=True, dtype=torch.float16, affine_runtime=True)
+    lay.load_blocks(base.qweight, base.bias)
+    lay.prepare()
+    return lay, w64, b64
+
+
+@pytest.mark.parametrize("qtype", AFFINE_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize(("variant", "m", "dtype"), [("gemv", 3, torch.float16), ("skinny2", 7, torch.bfloat16),
+                                                     ("gemm2", 37, torch.float16), ("dense", 9, torch.bfloat16)])
+def test_affine_runtime_variants_match_oracle(qtype: G.GGMLType, variant: str, m: int, dtype: torch.dtype) -> None:
+    """K = 600: a partial 32-group (and for Q4_K a partial super-block) at the end; N = 37: odd columns."""
+    from qlinear.kernels.triton.configs import Config
+
+    lay, w64, b64 = affine_layer(qtype, 37, 600)
+    assert lay.affine_packed() is not None and lay.affine_packed().offsets is not None
+    cfg = {"gemv": Config("gemv", 1, 32, 32, 3, 4, 1), "skinny2": Config("skinny2", 16, 32, 32, 2, 4, 1),
+           "gemm2": Config("gemm2", 32, 32, 32, 3, 4, 1), "dense": Config("dense", 1, 32, 32, 1, 4, 1)}[variant]
+    x = torch.randn(m, 600, generator=torch.Generator().manual_seed(m)).to(dtype)
+    y = lay.matmul(x, config=cfg)
+    ref = x.double().numpy() @ w64.T + b64
+    assert y.shape == (m, 37) and y.dtype == dtype
+    err = float(np.linalg.norm(y.double().numpy() - ref) / np.linalg.norm(ref))
+    assert err < TOL[dtype], f"{qtype.name} {variant} {dtype}: relative error {err:.2e}"
+    assert int(lay._rt_lock.abs().sum()) == 0
+
+
+def test_affine_runtime_forward_picks_gptq_variants_and_keeps_float32_on_blocks() -> None:
+    lay, w64, b64 = affine_layer(G.GGMLType.Q4_K, 37, 600)
+    for m in (1, 5, 40):
+        x = torch.randn(m, 600, generator=torch.Generator().manual_seed(m)).half()
+        ref = x.double().numpy() @ w64.T + b64
+        assert np.linalg.norm(lay(x).double().numpy() - ref) / np.linalg.norm(ref) < TOL[torch.float16]
+    x = torch.randn(2, 600, generator=torch.Generator().manual_seed(9))
+    ref = x.double().numpy() @ w64.T + b64
+    assert np.linalg.norm(lay(x).double().numpy() - ref) / np.linalg.norm(ref) < TOL[torch.float32]
+    from qlinear.kernels.triton.qmm import qmm
+
+    with pytest.raises(ValueError, match="variant skinny does not take additive offsets"):
+        from qlinear.kernels.triton.configs import Config
+
+        qmm(x.half(), lay.affine_packed(), Config("skinny", 16, 32, 64, 1, 4, 1))
+    assert affine_layer(G.GGMLType.Q4_K, 37, 600)[0].state_dict().keys() == {"qweight", "bias"}  # blocks only
+
+
+def test_affine_runtime_is_only_for_affine_4bit_types() -> None:
+    lay, _, _ = layer(G.GGMLType.Q6_K, 37, 600)
+    six = GGUFTritonKernel(G.scheme_for(G.GGMLType.Q6_K, 600, 37), bias=True, affine_runtime=True)
+    six.load_blocks(lay.qweight, lay.bias)
+    six.prepare()
+    assert six.affine_packed() is None  # 16-value sub-blocks: the block kernels run it

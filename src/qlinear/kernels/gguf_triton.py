@@ -10,13 +10,22 @@ activation dtype and torch's matmul (cuBLAS) above. Float32 activations are mult
 Types run: Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q1_0, Q1_0_G128, the ones the declaration's
 logical bits (1, 4, 5, 6) admit. The bodies also run Q8_0 (``RUNNABLE``; a directly built layer
 works), but the declaration (from the reference) excludes 8 bits, so the selector never picks it.
+
+``affine_runtime=True`` trades memory for speed on Q4_0, Q4_1 and Q4_K with float16/bfloat16
+activations: ``prepare()`` also builds the GPTQ kernels' runtime layout from the blocks' exact
+``scale * code + offset`` form (``layouts/gguf/affine32``; float32 scales and offsets per 32 values, about
+6 bits per weight next to the blocks' 4.5), and the forward runs the GPTQ variants (gemv, skinny2, gemm2,
+dense) with an additive offset per group. The blocks stay the checkpoint.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..layouts import gguf
+from ..spec import Scheme
 from ..target import Target
 from .gguf_torch import GGUFQuantLinear
 from .planned.gguf import GGUFTritonKernel as _Declared
@@ -27,6 +36,10 @@ T = gguf.GGMLType
 RUNNABLE = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.Q1_0, T.Q1_0_G128})
 #: largest dense weight chunk (elements) the ``dense`` variant materialises within one forward
 MAX_DENSE = 1 << 26
+#: 4-bit types whose blocks are ``scale * code + offset`` over runs of 32: ``affine_runtime`` runs them on the
+#: GPTQ kernels
+AFFINE_RUNNABLE = frozenset({T.Q4_0, T.Q4_1, T.Q4_K})
+AFFINE_BUFFERS = ("_af_qweight", "_af_scales", "_af_offsets", "_af_perm")
 
 
 class GGUFTritonKernel(GGUFQuantLinear):
@@ -40,15 +53,63 @@ class GGUFTritonKernel(GGUFQuantLinear):
     def runtime_target_reasons(cls, target: Target) -> list[str]:
         return triton_version_reasons(target)
 
+    def __init__(self, scheme: Scheme, bias: bool = False, dtype: torch.dtype = torch.float16,
+                 qtype: str | int | gguf.GGMLType | None = None, affine_runtime: bool = False) -> None:
+        super().__init__(scheme, bias=bias, dtype=dtype, qtype=qtype)
+        self.affine_runtime = affine_runtime
+        self._af_meta: tuple[int, ...] | None = None
+
     def register_checkpoint_buffers(self, bias: bool) -> None:
         super().register_checkpoint_buffers(bias)
         self.register_buffer("_rt_lock", None, persistent=False)
+        for name in AFFINE_BUFFERS:
+            self.register_buffer(name, None, persistent=False)
 
     def prepare(self) -> None:
-        """Only the split-K counters (int32 zeros, enough for 64 activation tiles of 16-row output tiles)."""
+        """The split-K counters (int32 zeros, enough for 64 activation tiles of 16-row output tiles), and with
+        ``affine_runtime`` the GPTQ kernels' layout of the blocks' affine form."""
         n = self.out_features
         self._rt_lock = torch.zeros(64 * -(-n // 16), dtype=torch.int32, device=self.qweight.device)
+        self._af_meta = None
+        if self.affine_runtime and self.qtype in AFFINE_RUNNABLE:
+            from ..layouts.gguf.affine32 import affine32
+            from .triton.layout import build_affine32
+
+            k, g = self.in_features, -(-self.in_features // 32)
+            codes, scale, offset = affine32(self.qweight, self.qtype.name, k)
+            p = build_affine32(codes[:, :k], scale[:, :g], offset[:, :g])
+            for name, t in p.tensors().items():
+                if name != "zeros":
+                    setattr(self, f"_af_{name}", t)
+            self._af_meta = p.meta()
         super().prepare()
+
+    def affine_packed(self) -> Any:
+        """The GPTQ kernels' layout of this layer (``affine_runtime``), or None."""
+        from .triton.layout import Packed
+
+        if self._af_meta is None:
+            return None
+        return Packed(self._af_qweight, self._af_scales, None, self._af_perm, *self._af_meta,
+                      offsets=self._af_offsets)
+
+    def affine_matmul(self, x2: torch.Tensor, p: Any, variant: str | None, config: Any) -> torch.Tensor:
+        """``x2 @ W^T + bias`` on the GPTQ kernels (variants gemv, skinny2, gemm2, dense: the ones with offsets)."""
+        from .triton.configs import choose, legal
+        from .triton.dequant import dense_mm
+        from .triton.qmm import qmm
+
+        m = x2.shape[0]
+        cfg = config
+        if cfg is None:
+            name, sms = device_facts(x2.device.index or 0) if x2.device.type == "cuda" else ("interpreter", 4)
+            cfg = choose(name, sms, m, p.n, p.k, 4, 32, variant)
+            if cfg.variant in ("skinny", "skinny3", "gemm"):
+                cfg = choose(name, sms, m, p.n, p.k, 4, 32, "skinny2" if m <= 16 else "gemm2")
+            cfg = legal(cfg, m, p.kp, 4)
+        if cfg.variant == "dense":
+            return dense_mm(x2, p, cfg, self.bias)
+        return qmm(x2, p, cfg, self.bias, self._rt_lock)
 
     def config(self, m: int, device: torch.device, variant: str | None = None) -> object:
         """The launch config for M rows on ``device`` (heuristic, legalised)."""
@@ -63,7 +124,12 @@ class GGUFTritonKernel(GGUFQuantLinear):
     def matmul(self, x2: torch.Tensor, variant: str | None = None, config: object = None) -> torch.Tensor:
         """``x2 [M, K] @ W^T + bias`` with the chosen (or given) variant / config."""
         from .triton import gguf_mm
+        from .triton.configs import Config
 
+        p = self.affine_packed()
+        if p is not None and x2.dtype in (torch.float16, torch.bfloat16) and (config is None
+                                                                             or isinstance(config, Config)):
+            return self.affine_matmul(x2, p, variant, config)
         cfg = config or self.config(x2.shape[0], x2.device, variant)
         qt = int(self.qtype)
         if cfg.variant != "dense":  # type: ignore[attr-defined]

@@ -28,7 +28,7 @@ from ..target import Target
 from .gptq_base import GPTQQuantLinear
 from .planned.triton import TritonV2Linear as _Declared
 
-RUNTIME = ("_rt_qweight", "_rt_scales", "_rt_zeros", "_rt_perm", "_rt_lock")
+RUNTIME = ("_rt_qweight", "_rt_scales", "_rt_zeros", "_rt_perm", "_rt_offsets", "_rt_lock")
 MIN_TRITON = (3, 2)
 
 
@@ -150,7 +150,8 @@ class TritonQuantMixin:
 
         if self._rt_meta is None:
             raise RuntimeError(f"{type(self).__name__}: prepare() has not run")
-        return Packed(self._rt_qweight, self._rt_scales, self._rt_zeros, self._rt_perm, *self._rt_meta)
+        return Packed(self._rt_qweight, self._rt_scales, self._rt_zeros, self._rt_perm, *self._rt_meta,
+                      offsets=self._rt_offsets)
 
     # ------------------------------------------------------------------ forward
     def config_for(self, m: int, device: torch.device, variant: str | None = None) -> Any:

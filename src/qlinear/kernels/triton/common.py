@@ -19,35 +19,36 @@ def kpos(j, rows, R: tl.constexpr, PF: tl.constexpr):
 
 
 @triton.jit
-def group_params(S, Z, rows, row0, offs_n, G, NP, GS, PF: tl.constexpr, R: tl.constexpr,
+def group_params(S, Z, OFF, rows, row0, offs_n, G, NP, GS, PF: tl.constexpr, R: tl.constexpr,
                  BLOCK_N: tl.constexpr, ZC: tl.constexpr, HAS_Z: tl.constexpr, ONE_GROUP: tl.constexpr,
-                 EVEN_N: tl.constexpr):
-    """Scale and zero point (float32) of word rows ``rows`` (first one ``row0``); ``GS`` the group length.
+                 EVEN_N: tl.constexpr, HAS_OFF: tl.constexpr = False):
+    """Scale, zero point and additive offset (float32) of word rows ``rows`` (first one ``row0``).
 
     ``[1, BN]`` when the step lies in one group, else ``[BKW, BN]`` gathered per word row (a word's
     fields always share a group). Columns are loaded at most 4 contiguous per vector: scales and zeros
     then come in the words' own layout (4 columns per 16-byte word vector) and never move between threads.
+    The offset ``o`` (weights ``s * q + o``, GGUF's float minimums) is 0 unless ``HAS_OFF``.
     """
     nmask = (offs_n < NP) | EVEN_N
     cols = tl.max_contiguous(offs_n, 4)
     if ONE_GROUP:
         g = kpos(0, row0, R, PF) // GS
         ok = nmask[None, :]
-        s = tl.load(S + g * NP + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        if HAS_Z:
-            z = tl.load(Z + g * NP + cols[None, :], mask=ok, other=0).to(tl.float32)
-        else:
-            z = tl.full([1, BLOCK_N], ZC, tl.float32)
+        off = g * NP + cols[None, :]
     else:
         g = kpos(0, rows, R, PF) // GS
         ok = (g < G)[:, None] & nmask[None, :]
         off = g[:, None] * NP + cols[None, :]
-        s = tl.load(S + off, mask=ok, other=0.0).to(tl.float32)
-        if HAS_Z:  # noqa: SIM108 (constexpr branch)
-            z = tl.load(Z + off, mask=ok, other=0).to(tl.float32)
-        else:
-            z = tl.full([1, BLOCK_N], ZC, tl.float32)
-    return s, z
+    s = tl.load(S + off, mask=ok, other=0.0).to(tl.float32)
+    if HAS_Z:  # noqa: SIM108 (constexpr branch)
+        z = tl.load(Z + off, mask=ok, other=0).to(tl.float32)
+    else:
+        z = tl.full([1, BLOCK_N], ZC, tl.float32)
+    if HAS_OFF:  # noqa: SIM108 (constexpr branch)
+        o = tl.load(OFF + off, mask=ok, other=0.0).to(tl.float32)
+    else:
+        o = tl.zeros([1, BLOCK_N], tl.float32)
+    return s, z, o
 
 
 @triton.jit

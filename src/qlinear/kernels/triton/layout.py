@@ -15,6 +15,8 @@
 * ``scales [G, NP]`` in the checkpoint's scale dtype; ``zeros [G, NP]`` uint8 true zeros, or None
   when every zero is one constant (symmetric weights), which the kernels take as a compile-time value.
 * ``NP`` is N rounded up to 16: every row 64-byte aligned (vector loads, no N mask on whole tiles).
+* ``offsets [G, NP]`` float32, only for weights ``s * q + o`` with a float ``o`` (GGUF's Q4_1/Q4_K minimums,
+  ``build_affine32``); then zeros are the constant 0 and the kernels add ``o`` per group.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Packed:
     group: int
     zero_const: int
     rows_per_block: int
+    offsets: torch.Tensor | None = None
 
     @property
     def kp(self) -> int:
@@ -54,7 +57,12 @@ class Packed:
         return self.qweight.shape[1]
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
-        return {"qweight": self.qweight, "scales": self.scales, "zeros": self.zeros, "perm": self.perm}
+        return {"qweight": self.qweight, "scales": self.scales, "zeros": self.zeros, "perm": self.perm,
+                "offsets": self.offsets}
+
+    def offset_arg(self) -> torch.Tensor:
+        """The offsets pointer a launcher passes (the scales stand in when there are none; never read)."""
+        return self.offsets if self.offsets is not None else self.scales
 
     def meta(self) -> tuple[int, int, int, int, int, int]:
         return (self.bits, self.k, self.n, self.group, self.zero_const, self.rows_per_block)
@@ -63,7 +71,7 @@ class Packed:
         """The same layout over other tensors of the same shapes (after a device move, or for copies)."""
         cur = self.tensors()
         cur.update(tensors)
-        return Packed(cur["qweight"], cur["scales"], cur["zeros"], cur["perm"], *self.meta())
+        return Packed(cur["qweight"], cur["scales"], cur["zeros"], cur["perm"], *self.meta(), offsets=cur["offsets"])
 
 
 def _round_up(v: int, m: int) -> int:
@@ -136,3 +144,15 @@ def build(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx:
         zc = 0  # unused with a zeros tensor; one value keeps the compiled variants few
     words = pack_words(codes_kn, bits, rows)
     return Packed(words, s, z, None if identity else perm.to(dev), bits, k, n, group, zc, rows)
+
+
+def build_affine32(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, bits: int = 4) -> Packed:
+    """The runtime layout of weights ``scales * codes + offsets`` in groups of 32 along K (codes ``[N, K]``,
+    scales/offsets ``[N, K/32]`` float32, exact GGUF values): plain K order, constant zero 0."""
+    n, k = codes.shape
+    g = scales.shape[1]
+    p = build(codes, scales.float(), torch.zeros(1, dtype=torch.int32), torch.arange(k) // 32, bits,
+              scale_dtype=torch.float32)
+    o = torch.zeros(g, p.np, dtype=torch.float32, device=codes.device)
+    o[:, :n] = offsets.t().float()
+    return Packed(p.qweight, p.scales, None, p.perm, bits, k, n, p.group, 0, p.rows_per_block, offsets=o)

@@ -41,13 +41,13 @@ from .layout import Packed
 
 
 @triton.jit
-def qmm_kernel(X, W, S, Z, PERM, BIAS, Y, PART, LOCK,
+def qmm_kernel(X, W, S, Z, OFF, PERM, BIAS, Y, PART, LOCK,
                M, N, K, KW, G, KP, NP, GS, SPLIT_K, stride_xm, stride_ym,
                BITS: tl.constexpr, R: tl.constexpr, ZC: tl.constexpr, ONE_GROUP: tl.constexpr,
                HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-               PREFETCH: tl.constexpr = False):
+               PREFETCH: tl.constexpr = False, HAS_OFF: tl.constexpr = False):
     PF: tl.constexpr = 32 // BITS
     BKW: tl.constexpr = BLOCK_K // PF
     HALF: tl.constexpr = PF // 2
@@ -76,7 +76,8 @@ def qmm_kernel(X, W, S, Z, PERM, BIAS, Y, PART, LOCK,
                                 EVEN_K, EVEN_N)
         else:
             w = load_words(W, rows, offs_n, KW, NP, EVEN_K, EVEN_N)
-        s, z = group_params(S, Z, rows, row0, offs_n, G, NP, GS, PF, R, BLOCK_N, ZC, HAS_Z, ONE_GROUP, EVEN_N)
+        s, z, o = group_params(S, Z, OFF, rows, row0, offs_n, G, NP, GS, PF, R, BLOCK_N, ZC, HAS_Z, ONE_GROUP, EVEN_N,
+                               HAS_OFF)
         if USE_DOT:
             a = load_x(X, offs_m, tile_kpos(row0, BLOCK_K, BKW, R, PF), M, K, KP, stride_xm, PERM, HAS_PERM,
                        EVEN_K)
@@ -87,10 +88,16 @@ def qmm_kernel(X, W, S, Z, PERM, BIAS, Y, PART, LOCK,
             # Per weight: LOP3, FFMA (q - z), FFMA (* x); per word: the two halves.
             lo, hi = halves(w)
             blk = tl.zeros((BKW, BLOCK_N), dtype=tl.float32)
+            xs = tl.zeros((BKW,), dtype=tl.float32)
             for j in tl.static_range(PF):
                 xv = load_x1(X, pid_m, kpos(j, rows, R, PF), K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
                 blk += gemv_term(lo, hi, z, j, BITS, HALF) * xv[:, None]
-            acc += tl.sum(blk * s, axis=0)  # rows live in one thread: register adds only
+                if HAS_OFF:
+                    xs += xv
+            if HAS_OFF:  # s * sum(q x) + o * sum(x), per word row (its fields share a group)
+                acc += tl.sum(blk * s + o * xs[:, None], axis=0)
+            else:
+                acc += tl.sum(blk * s, axis=0)  # rows live in one thread: register adds only
     if USE_DOT:  # noqa: SIM108 (constexpr branch)
         out = acc
     else:
@@ -113,12 +120,12 @@ def qmm_kernel(X, W, S, Z, PERM, BIAS, Y, PART, LOCK,
 
 
 @triton.jit
-def qmm2_kernel(X, W, S, Z, BIAS, Y, PART, LOCK,
+def qmm2_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                 M, N, K, KW, G, NP, SPLIT_K, stride_xm, stride_ym, GS: tl.constexpr,
                 BITS: tl.constexpr, R: tl.constexpr, ZC: tl.constexpr, ONE_GROUP: tl.constexpr,
                 HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                SPLIT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+                SPLIT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, HAS_OFF: tl.constexpr = False):
     """``gemm2`` / ``skinny2``: A is x in sorted order (contiguous 2-D tiles, no gather), B is built the
     classic GPTQ way: the step's ``BKW`` word rows broadcast to every field and shifted by a constant
     pattern per K row. ``BLOCK_K`` is a multiple of a field block (``R * PF`` codes), so the tile's K
@@ -173,21 +180,22 @@ def qmm2_kernel(X, W, S, Z, BIAS, Y, PART, LOCK,
         f = (tl.where(low, lo, hi) & fmask).to(tl.float32, bitcast=True)
         if ONE_GROUP:
             g = k0 // GS
-            s = tl.load(S + g * NP + cols[None, :], mask=nmask[None, :], other=0.0).to(tl.float32)
-            if HAS_Z:
-                z = tl.load(Z + g * NP + cols[None, :], mask=nmask[None, :], other=0).to(tl.float32)
-            else:
-                z = tl.full([1, BLOCK_N], ZC, tl.float32)
+            ok = nmask[None, :]
+            off = g * NP + cols[None, :]
         else:
             g = (k0 + offs_k) // GS
             ok = (g < G)[:, None] & nmask[None, :]
             off = g[:, None] * NP + cols[None, :]
-            s = tl.load(S + off, mask=ok, other=0.0).to(tl.float32)
-            if HAS_Z:  # noqa: SIM108 (constexpr branch)
-                z = tl.load(Z + off, mask=ok, other=0).to(tl.float32)
-            else:
-                z = tl.full([1, BLOCK_N], ZC, tl.float32)
-        b = (tl.fma(f, fc, -(z + 8388608.0 * fc)) * s).to(X.dtype.element_ty)
+        s = tl.load(S + off, mask=ok, other=0.0).to(tl.float32)
+        if HAS_Z:  # noqa: SIM108 (constexpr branch)
+            z = tl.load(Z + off, mask=ok, other=0).to(tl.float32)
+        else:
+            z = tl.full([1, BLOCK_N], ZC, tl.float32)
+        if HAS_OFF:  # weights s * q + o (GGUF's float minimums; z is 0 there)
+            o = tl.load(OFF + off, mask=ok, other=0.0).to(tl.float32)
+            b = tl.fma(tl.fma(f, fc, -(z + 8388608.0 * fc)), s, o).to(X.dtype.element_ty)
+        else:
+            b = (tl.fma(f, fc, -(z + 8388608.0 * fc)) * s).to(X.dtype.element_ty)
         if EVEN_K:
             a = tl.load(a_ptr + k0, mask=mrow, other=0.0)
         else:
@@ -251,6 +259,9 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
 
         return qmm3(x2, p, cfg, bias, lock, y, use_asm=not interpreting())
     use_dot = cfg.variant != "gemv"
+    if use_dot and p.offsets is not None:
+        raise ValueError(f"variant {cfg.variant} does not take additive offsets (GGUF minimums); use gemv, skinny2, "
+                         "gemm2 or dense")
     bm = cfg.block_m if use_dot else 1
     perm, kx = p.perm, p.k
     if use_dot and cfg.variant == "gemm" and perm is not None:
@@ -259,7 +270,7 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
     split = cfg.split_k if lock is not None and grid_m * grid_n <= lock.numel() else 1
     part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
     LAST["qmm"] = qmm_kernel[(grid_m, grid_n, split)](
-        x2, p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales,
+        x2, p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales, p.offset_arg(),
         perm if perm is not None else p.qweight, bias if bias is not None else y, y, part,
         lock if lock is not None else p.qweight,
         m, p.n, kx, p.qweight.shape[0], p.scales.shape[0], p.kp, p.np, p.group, split, x2.stride(0), y.stride(0),
@@ -267,7 +278,8 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
         HAS_Z=p.zeros is not None,
         HAS_PERM=perm is not None, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SPLIT=split > 1, USE_DOT=use_dot, EVEN_K=kx == p.kp and p.kp % cfg.block_k == 0,
-        EVEN_N=p.np % cfg.block_n == 0, PREFETCH=cfg.prefetch and not use_dot, num_warps=cfg.num_warps,
+        EVEN_N=p.np % cfg.block_n == 0, PREFETCH=cfg.prefetch and not use_dot, HAS_OFF=p.offsets is not None,
+        num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return y
 
@@ -296,12 +308,12 @@ def qmm2(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lo
     split = cfg.split_k if lock is not None and tiles <= lock.numel() else 1
     part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
     LAST["qmm"] = qmm2_kernel[(tiles, split)](
-        x2, p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales,
+        x2, p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales, p.offset_arg(),
         bias if bias is not None else y, y, part, lock if lock is not None else p.qweight,
         m, p.n, kx, p.qweight.shape[0], p.scales.shape[0], p.np, split, x2.stride(0), y.stride(0),
         GS=p.group, BITS=p.bits, R=p.rows_per_block, ZC=p.zero_const, ONE_GROUP=one_group(p, bk),
         HAS_Z=p.zeros is not None, HAS_BIAS=bias is not None,
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=bk, SPLIT=split > 1,
-        EVEN_K=kx == p.kp and p.kp % bk == 0, EVEN_N=p.np % cfg.block_n == 0,
+        EVEN_K=kx == p.kp and p.kp % bk == 0, EVEN_N=p.np % cfg.block_n == 0, HAS_OFF=p.offsets is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y

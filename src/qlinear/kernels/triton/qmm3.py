@@ -155,6 +155,8 @@ def skinny3_reasons(p: Packed, m: int, dtype: torch.dtype) -> list[str]:
         out.append(f"M={m} > 16 (one 16-row activation tile)")
     if dtype not in (torch.float16, torch.bfloat16):
         out.append(f"activation dtype {dtype} (float16 / bfloat16 only)")
+    if p.offsets is not None:
+        out.append("additive offsets (GGUF minimums): use skinny2")
     if p.rows_per_block < 2 or p.group % (p.rows_per_block * 8):
         out.append(f"field blocks of {p.rows_per_block} word rows (pairs need 2+ rows inside one group)")
     return out
