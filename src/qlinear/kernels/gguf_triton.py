@@ -20,6 +20,7 @@ dense) with an additive offset per group. The blocks stay the checkpoint.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -106,6 +107,8 @@ class GGUFTritonKernel(GGUFQuantLinear):
             cfg = choose(name, sms, m, p.n, p.k, 4, 32, variant)
             if cfg.variant in ("skinny", "skinny3", "gemm"):
                 cfg = choose(name, sms, m, p.n, p.k, 4, 32, "skinny2" if m <= 16 else "gemm2")
+            if cfg.variant in ("skinny2", "gemm2"):  # one 32-group per step: [1, BN] scales and offsets, not
+                cfg = replace(cfg, block_k=32)  # [BK, BN] float32 tiles pipelined through shared memory
             cfg = legal(cfg, m, p.kp, 4)
         if cfg.variant == "dense":
             return dense_mm(x2, p, cfg, self.bias)
