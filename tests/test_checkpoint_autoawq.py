@@ -17,25 +17,18 @@ from qlinear.checkpoint import load_checkpoint, plan_checkpoint
 from qlinear.checkpoint.inspect import inspect_checkpoint
 from qlinear.checkpoint.save import convert_checkpoint
 from qlinear.layouts import awq
+from tests.test_checkpoint import tool_outputs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXPECT = {"autoawq_gemm_4bit_g64": ("gemm", 64), "autoawq_gemv_4bit_g64": ("gemv", 64),
           "autoawq_gemv_fast_4bit_g32": ("gemv_fast", 32)}
 
 
-def reference(name: str) -> dict[str, dict[str, torch.Tensor]]:
-    out: dict[str, dict[str, torch.Tensor]] = {}
-    for key, t in load_file(FIXTURES / name / "reference" / "tool_outputs.safetensors").items():
-        module, _, leaf = key.rpartition(".")
-        out.setdefault(module, {})[leaf] = t
-    return out
-
-
 @pytest.mark.parametrize("name", sorted(EXPECT))
 def test_config_and_every_module_are_read_as_autoawq_wrote_them(name: str) -> None:
     fmt, gs = EXPECT[name]
     plan = plan_checkpoint(FIXTURES / name)
-    assert len(plan.modules) == 14 and plan.modules.keys() == reference(name).keys()
+    assert len(plan.modules) == 14 and plan.modules.keys() == tool_outputs(name).keys()
     stored = load_file(FIXTURES / name / "model.safetensors")
     for module, mp in plan.modules.items():
         s = mp.scheme
@@ -48,7 +41,7 @@ def test_config_and_every_module_are_read_as_autoawq_wrote_them(name: str) -> No
 @pytest.mark.parametrize("name", sorted(EXPECT))
 def test_dequantize_equals_the_weight_autoawq_packed(name: str) -> None:
     layers = load_checkpoint(FIXTURES / name, dtype=torch.float16)
-    for module, r in reference(name).items():
+    for module, r in tool_outputs(name).items():
         w = layers[module].dequantize(torch.float32)
         assert torch.equal(w.to(torch.float16), r["weight"]), module  # one rounding of s * (q - z), as AutoAWQ
 
@@ -58,7 +51,7 @@ def test_dequantize_equals_the_weight_autoawq_packed(name: str) -> None:
 def test_forward_matches_float64_and_autoawqs_own_forward(name: str, dtype: torch.dtype) -> None:
     layers = load_checkpoint(FIXTURES / name, dtype=dtype)
     g = torch.Generator().manual_seed(3)
-    for module, r in reference(name).items():
+    for module, r in tool_outputs(name).items():
         x = r["x"] if "x" in r else torch.randn(3, r["weight"].shape[1], generator=g).to(torch.float16)
         y64 = x.double() @ r["weight"].double().t()
         y = layers[module](x.to(dtype))
@@ -82,7 +75,7 @@ def test_converts_to_gptq_v2_and_back_to_the_same_bytes(name: str, tmp_path: Pat
     convert_checkpoint(FIXTURES / name, tmp_path / "v2", "gptq_v2")
     convert_checkpoint(tmp_path / "v2", tmp_path / "back", fmt)
     src, back = load_file(FIXTURES / name / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
-    ref = reference(name)
+    ref = tool_outputs(name)
     for module in ref:
         for leaf in ("qweight", "qzeros", "scales"):
             assert torch.equal(back[f"{module}.{leaf}"], src[f"{module}.{leaf}"]), (module, leaf)

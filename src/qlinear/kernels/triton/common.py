@@ -156,3 +156,25 @@ def store_out(Y, BIAS, out, offs_m, offs_n, M, N, stride_ym, HAS_BIAS: tl.conste
         out += tl.load(BIAS + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], out.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def store_split(Y, BIAS, PART, LOCK, out, offs_m, offs_n, M, N, stride_ym, tile, pid_k, SPLIT_K,
+                HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Write a ``[BM, BN]`` float32 result: directly, or as split ``pid_k``'s partial; the last split of a
+    tile (an acq_rel counter ``LOCK[tile]``, reset to 0 by it) sums the partials in a fixed order
+    (deterministic) and writes y."""
+    if not SPLIT:
+        store_out(Y, BIAS, out, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
+    else:
+        mn = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+        part = PART + offs_m[:, None] * N + offs_n[None, :]
+        tl.store(part + pid_k * M * N, out, mask=mn)
+        tl.debug_barrier()  # every thread's partial is written before the counter is released
+        seen = tl.atomic_add(LOCK + tile, 1, sem="acq_rel", scope="gpu")
+        if seen == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for sk in range(SPLIT_K):
+                total += tl.load(part + sk * M * N, mask=mn, other=0.0, cache_modifier=".cg")
+            store_out(Y, BIAS, total, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
+            tl.atomic_xchg(LOCK + tile, 0, sem="relaxed", scope="gpu")

@@ -33,7 +33,7 @@ from .common import (
     load_words,
     load_x,
     load_x1,
-    store_out,
+    store_split,
     tile_kpos,
 )
 from .configs import Config
@@ -102,21 +102,8 @@ def qmm_kernel(X, W, S, Z, OFF, PERM, BIAS, Y, PART, LOCK,
         out = acc
     else:
         out = acc[None, :]
-    if not SPLIT:
-        store_out(Y, BIAS, out, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
-    else:
-        mn = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-        part = PART + offs_m[:, None] * N + offs_n[None, :]
-        tl.store(part + pid_k * M * N, out, mask=mn)
-        tl.debug_barrier()  # every thread's partial is written before the counter is released
-        tile = pid_m * tl.num_programs(1) + pid_n
-        seen = tl.atomic_add(LOCK + tile, 1, sem="acq_rel", scope="gpu")
-        if seen == SPLIT_K - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for sk in range(SPLIT_K):
-                total += tl.load(part + sk * M * N, mask=mn, other=0.0, cache_modifier=".cg")
-            store_out(Y, BIAS, total, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
-            tl.atomic_xchg(LOCK + tile, 0, sem="relaxed", scope="gpu")
+    store_split(Y, BIAS, PART, LOCK, out, offs_m, offs_n, M, N, stride_ym, pid_m * tl.num_programs(1) + pid_n,
+                pid_k, SPLIT_K, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -201,21 +188,8 @@ def qmm2_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
         else:
             a = tl.load(a_ptr + k0, mask=mrow & ((k0 + offs_k) < K)[None, :], other=0.0)
         acc = tl.dot(a, b, acc)
-    if not SPLIT:
-        store_out(Y, BIAS, acc, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
-    else:
-        mn = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-        part = PART + offs_m[:, None] * N + offs_n[None, :]
-        tl.store(part + pid_k * M * N, acc, mask=mn)
-        tl.debug_barrier()  # every thread's partial is written before the counter is released
-        tile = pid
-        seen = tl.atomic_add(LOCK + tile, 1, sem="acq_rel", scope="gpu")
-        if seen == SPLIT_K - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for sk in range(SPLIT_K):
-                total += tl.load(part + sk * M * N, mask=mn, other=0.0, cache_modifier=".cg")
-            store_out(Y, BIAS, total, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
-            tl.atomic_xchg(LOCK + tile, 0, sem="relaxed", scope="gpu")
+    store_split(Y, BIAS, PART, LOCK, acc, offs_m, offs_n, M, N, stride_ym, pid, pid_k, SPLIT_K, HAS_BIAS, SPLIT,
+                BLOCK_M, BLOCK_N)
 
 
 #: the last compiled kernel launched (for resource and SASS inspection by benchmarks/gpu_check.py --sass)

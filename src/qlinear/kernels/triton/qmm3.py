@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import load_words, store_out
+from .common import load_words, store_split
 from .configs import Config
 from .layout import Packed
 
@@ -120,21 +120,8 @@ def qmm3_kernel(X, W, S, Z, BIAS, Y, PART, LOCK,
         else:
             xt = tl.load(xt_ptr, mask=mcol & (xk < K)[:, None], other=0.0)
         acc = tl.dot(a, xt, acc)
-    out = tl.trans(acc)  # [BM, BN]
-    if not SPLIT:
-        store_out(Y, BIAS, out, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
-    else:
-        mn = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-        part = PART + offs_m[:, None] * N + offs_n[None, :]
-        tl.store(part + pid_k * M * N, out, mask=mn)
-        tl.debug_barrier()  # every thread's partial is written before the counter is released
-        seen = tl.atomic_add(LOCK + pid_n, 1, sem="acq_rel", scope="gpu")
-        if seen == SPLIT_K - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for sk in range(SPLIT_K):
-                total += tl.load(part + sk * M * N, mask=mn, other=0.0, cache_modifier=".cg")
-            store_out(Y, BIAS, total, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
-            tl.atomic_xchg(LOCK + pid_n, 0, sem="relaxed", scope="gpu")
+    store_split(Y, BIAS, PART, LOCK, tl.trans(acc), offs_m, offs_n, M, N, stride_ym, pid_n, pid_k, SPLIT_K,
+                HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N)
 
 
 def block_k3(p: Packed, block_k: int) -> int:
