@@ -43,6 +43,24 @@ def candidates(p, m: int) -> list[Config]:
     return out
 
 
+def register_caps(k: int, n: int, bits: int, m: int, caps: list[int], reps: int, gen: torch.Generator) -> str:
+    """The shipped config (table or heuristic) with ptxas register caps: more resident warps vs spills."""
+    p = our_weight(k, n, bits, gen)
+    r = copies(p.qweight.numel() * 4)
+    ps = [p] + [p.with_tensors(qweight=p.qweight.clone(), scales=p.scales.clone()) for _ in range(r - 1)]
+    lock = torch.zeros(lock_slots(p.n), dtype=torch.int32, device=DEV)
+    x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
+    ref = (x.float() @ dense_t(p, torch.float32)).float()
+    cells = []
+    for cap in [0, *caps]:
+        c = replace(config(p, m, "gemv"), max_registers=cap)
+        y = qmm(x, p, c, None, lock).float()
+        err = float((y - ref).norm() / ref.norm())
+        us = timed([lambda x, q=q, c=c: qmm(x, q, c, None, lock) for q in ps], x, reps)
+        cells.append(f"{cap or 'none'}: {us:.1f}{'' if err < 1e-2 else ' WRONG'}")
+    return f"| {k}x{n} | {bits} | {m} | " + " | ".join(cells) + " |"
+
+
 def sweep(k: int, n: int, bits: int, m: int, reps: int, gen: torch.Generator) -> tuple[str, dict, list[str]]:
     p = our_weight(k, n, bits, gen)
     r = copies(p.qweight.numel() * 4)
@@ -92,8 +110,17 @@ def main() -> int:
     ap.add_argument("--bits", default="4")
     ap.add_argument("--m", default="1")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--max-registers", default="", help="e.g. 64,80,96: time the table's config under each cap")
     a = ap.parse_args()
     gen = torch.Generator(device=DEV).manual_seed(3)
+    if a.max_registers:
+        caps = [int(v) for v in a.max_registers.split(",")]
+        print(f"{torch.cuda.get_device_name()}; shipped gemv config under register caps (us)\n")
+        for bits in (int(b) for b in a.bits.split(",")):
+            for s in a.shapes.split(","):
+                k, n = (int(v) for v in s.split("x"))
+                print(register_caps(k, n, bits, 1, caps, a.reps, gen), flush=True)
+        return 0
     print(f"{torch.cuda.get_device_name()}; us per call, median of {a.reps} graph replays; g128\n")
     print("| K x N | bits | M | heuristic | heuristic + prefetch | best | best + prefetch |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

@@ -47,6 +47,7 @@ class Config:
     num_warps: int = 4
     num_stages: int = 2
     prefetch: bool = False  # gemv: load the next K step's words before computing this one
+    max_registers: int = 0  # > 0: cap registers per thread (ptxas .maxnreg) for more resident warps
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -253,7 +253,7 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
         HAS_PERM=perm is not None, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SPLIT=split > 1, USE_DOT=use_dot, EVEN_K=kx == p.kp and p.kp % cfg.block_k == 0,
         EVEN_N=p.np % cfg.block_n == 0, PREFETCH=cfg.prefetch and not use_dot, HAS_OFF=p.offsets is not None,
-        num_warps=cfg.num_warps,
+        **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return y
 
