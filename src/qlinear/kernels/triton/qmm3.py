@@ -7,7 +7,10 @@ gathers a byte of each, and per field ``LOP3 ((t >> 4i) & 0x000F000F) | magic`` 
 ``(m + q_w, m + q_w+1)`` as bf16x2 (``m = 128``) or f16x2 (``m = 1024``), exact; ``sub`` of ``m + z`` is
 exact and one ``mul`` by the scale rounds once, in the activation dtype. Field ``j`` of word rows
 ``w, w+1`` are sorted rows ``k, k+1`` (field-blocked words, ``layout.py``), so each register is a K pair.
-About 3.6 instructions per weight in the loop (offline SASS, triton 3.6) against 5.9 for ``skinny2``.
+About 3.7 instructions per weight in the loop (offline SASS, triton 3.6) against 5.9 for ``skinny2``, yet
+on the H200 it only matches skinny2 (76.5 vs 80.9 us at M=16 on 8192x28672): Triton waits on every
+wgmma whose A comes from registers (benchmarks/triton_notes.md). So it is an explicit variant, outside
+the crossovers, until that is solved.
 
 The scale is rounded to the activation dtype before the multiply (bf16: relative 2^-9; the other variants
 round only the product). Under ``TRITON_INTERPRET`` (CI) the same tile values are built with plain Triton
