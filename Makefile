@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-REQS := pyproject.toml $(wildcard requirements/nodeps-*.txt)
+REQS := pyproject.toml $(wildcard requirements/nodeps-*.txt) $(wildcard native/src/qlinear_native/*)
 # GPTQModel 7.7.0, the reference, in a virtualenv of its own (tests/external cross-check against it).
 REF := .venv-ref
 REF_STAMP := $(REF)/.installed-stamp
@@ -20,6 +20,9 @@ $(STAMP): $(REQS)
 	# Optional: ggml itself for GGUFCppKernel (builds from source with cmake in about a minute). A failed
 	# build only makes its tests skip, with the install command in the reason.
 	$(BIN)/python -m pip install -q --no-deps ggml-python==0.0.45 || echo "warning: ggml-python did not build"
+	# Optional: qlinear's own native decode for the CPU int4 kernels (one C file, a few seconds with a C
+	# compiler); without it the torch-ops decode runs and its tests skip.
+	$(BIN)/python -m pip install -q ./native || echo "warning: qlinear-native did not build (no C compiler?)"
 	touch $(STAMP)
 
 $(REF_STAMP): requirements/gptqmodel-crosscheck.txt
@@ -29,7 +32,7 @@ $(REF_STAMP): requirements/gptqmodel-crosscheck.txt
 	touch $(REF_STAMP)
 
 test: $(STAMP) $(REF_STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks native
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
@@ -39,7 +42,7 @@ demo: $(STAMP)
 	$(BIN)/python -m qlinear.demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks native
 
 docs: $(STAMP)
 	{ printf '# Backends\n\n'; cat docs/backends.intro; echo; $(BIN)/python -m qlinear.cli backends --markdown; } > docs/backends.md

@@ -7,6 +7,8 @@ so GPTQ v1/v2 and AWQ checkpoints meet the same code. Each forward picks, from M
 * large M (above ``INT4PACK_MAX_M``, measured): decode a tile of output channels (about 1 MiB) to
   bfloat16 ``s * (q - 8)`` from the same packed bytes and run a bfloat16 GEMM (AMX on this CPU); the
   zero offset ``(8 - z) * s`` is added as one small GEMM of group sums. No dense weight outlives a tile.
+  The decode is one native pass when the optional ``qlinear_native`` extra is installed (``pip install
+  ./native``), torch ops otherwise; both give the same bits.
 
 Groups the op cannot take are made exact, not refused: a group of 512 (or a channelwise row) becomes
 runs of one op group (32..256) with its scale repeated; K and N are padded with zero activations.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -111,17 +114,35 @@ def build_runtime(layer: torch.nn.Module) -> Int4PackRuntime:
         group=group, k_pad=k_pad, n_pad=n_pad, block=block)
 
 
+def native_decoder() -> Any:
+    """``qlinear_native.decode_int4_bf16`` when the optional native extra is installed (``pip install
+    ./native``: compiled for this CPU at install), else None; the torch-ops decode is used then."""
+    global _NATIVE
+    if _NATIVE is None:
+        try:
+            from qlinear_native import decode_int4_bf16
+        except ImportError:
+            decode_int4_bf16 = False
+        _NATIVE = decode_int4_bf16
+    return _NATIVE or None
+
+
+_NATIVE: Any = None
+
+
 def decode_matmul(rt: Int4PackRuntime, xb: torch.Tensor, tile_blocks: int) -> torch.Tensor:
     """``xb [M, K_pad]`` bf16 times the weight decoded ``B * tile_blocks`` output channels at a time.
 
     Each B-channel block of packed bytes ``[K, B/2]`` becomes bfloat16 ``s * (q - 8)`` in a reused tile
-    (about 1 MiB), then one GEMM per tile. With gradients each tile is fresh (autograd keeps it until
-    backward). Returns ``[M, N_pad]``: bfloat16, or float32 when the ``(8 - z) * s`` offsets are added.
+    (about 1 MiB), then one GEMM per tile: in one native pass when ``qlinear_native`` is installed, else
+    with torch ops. With gradients each tile is fresh (autograd keeps it until backward). Returns
+    ``[M, N_pad]``: bfloat16, or float32 when the ``(8 - z) * s`` offsets are added.
     """
     m, kp = xb.shape
     bl = rt.block
     nb, cols = rt.n_pad // bl, bl * tile_blocks
     grad = torch.is_grad_enabled() and xb.requires_grad
+    native = native_decoder()
     b2, shifted = torch.empty(kp, bl // 2, dtype=torch.int8), torch.empty(kp, bl // 2, dtype=torch.int8)
     signed = torch.empty(kp, bl, dtype=torch.int8)
     w = torch.empty(kp, cols, dtype=BF16)
@@ -131,13 +152,17 @@ def decode_matmul(rt: Int4PackRuntime, xb: torch.Tensor, tile_blocks: int) -> to
         t = min(tile_blocks, nb - b0)
         if grad:
             w = torch.empty(kp, cols, dtype=BF16)
-        for j in range(t):  # nibble q -> signed q - 8 (q ^ 8 as 4-bit two's complement), low then high
-            torch.bitwise_xor(rt.packed[b0 + j].view(torch.int8), -120, out=b2)
-            torch.bitwise_left_shift(b2, 4, out=shifted)
-            torch.cat([shifted >> 4, b2 >> 4], 1, out=signed)
-            w[:, j * bl:(j + 1) * bl].copy_(signed)
         tile = w[:, :t * bl]
-        tile.view(kp // rt.group, rt.group, t * bl).mul_(rt.scales[:, None, b0 * bl:(b0 + t) * bl])
+        if native is not None:  # scales applied in the same pass
+            native(rt.packed[b0].data_ptr(), rt.scales.data_ptr(), w.data_ptr(), kp, rt.group, rt.n_pad, b0 * bl,
+                   t, bl // 2, cols)
+        else:
+            for j in range(t):  # nibble q -> signed q - 8 (q ^ 8 as 4-bit two's complement), low then high
+                torch.bitwise_xor(rt.packed[b0 + j].view(torch.int8), -120, out=b2)
+                torch.bitwise_left_shift(b2, 4, out=shifted)
+                torch.cat([shifted >> 4, b2 >> 4], 1, out=signed)
+                w[:, j * bl:(j + 1) * bl].copy_(signed)
+            tile.view(kp // rt.group, rt.group, t * bl).mul_(rt.scales[:, None, b0 * bl:(b0 + t) * bl])
         if grad:
             parts.append(xb @ tile)
         else:
