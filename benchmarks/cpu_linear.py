@@ -184,7 +184,9 @@ def run_crossover(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], reps
         lines += [f"| {k}x{n} | {m} | " + " | ".join(f"{t:.3g}" for t in r) + " |" for m, r in zip(ms, rows)]
         found4[(k, n)] = last_win(ms, [r[0] <= r[1] for r in rows])
         found8[(k, n)] = last_win(ms, [r[2] <= r[3] for r in rows])
-    lines += ["", f"INT4PACK_MAX_M = {found4} (in use: {cpu_int4.INT4PACK_MAX_M})",
+    native = cpu_int4.native_decoder() is not None
+    table = cpu_int4.INT4PACK_MAX_M_NATIVE if native else cpu_int4.INT4PACK_MAX_M
+    lines += ["", f"INT4PACK_MAX_M{'_NATIVE' if native else ''} = {found4} (in use: {table})",
               f"INT8PACK_MAX_M = {found8} (in use: {cpu_int8.INT8PACK_MAX_M})"]
     return "\n".join(lines)
 

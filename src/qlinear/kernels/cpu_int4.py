@@ -46,12 +46,17 @@ BLOCK = BLOCKS[0]  # N is padded to a multiple of this
 #: 2-core Xeon with AVX512-BF16 and AMX, torch 2.13): op vs decode ms at M = 32: 11.6 vs 16.0 (4096x4096),
 #: 41.2 vs 60.7 (4096x14336); at M = 64: 23.2 vs 17.5 and 79.7 vs 62.3. The nearest shape by K*N decides.
 INT4PACK_MAX_M: dict[tuple[int, int], int] = {(4096, 4096): 32, (4096, 14336): 32}
+#: The same with the native decode installed (``qlinear_native``), which makes decode + GEMM cheaper:
+#: op vs decode ms at M = 32: 12.4 vs 6.2 (4096x4096), 42.9 vs 26.5 (4096x14336); at M = 16 the op still
+#: wins (6.5 vs 7.1, 21.6 vs 25.2). Same command, results/cpu_crossover-native-2026-12-02.md.
+INT4PACK_MAX_M_NATIVE: dict[tuple[int, int], int] = {(4096, 4096): 16, (4096, 14336): 16}
 
 
 def int4pack_max_m(k: int, n: int) -> int:
-    """The crossover for the measured shape nearest to ``k * n`` (in log scale)."""
-    shape = min(INT4PACK_MAX_M, key=lambda s: abs(math.log(s[0] * s[1]) - math.log(max(1, k * n))))
-    return INT4PACK_MAX_M[shape]
+    """The crossover for the measured shape nearest to ``k * n`` (in log scale), for the decode in use."""
+    table = INT4PACK_MAX_M_NATIVE if native_decoder() is not None else INT4PACK_MAX_M
+    shape = min(table, key=lambda s: abs(math.log(s[0] * s[1]) - math.log(max(1, k * n))))
+    return table[shape]
 
 
 def op_group(group_size: int, k: int, channelwise: bool) -> int | None:
