@@ -43,14 +43,19 @@ def candidates(p, m: int) -> list[Config]:
     return out
 
 
-def register_caps(k: int, n: int, bits: int, m: int, caps: list[int], reps: int, gen: torch.Generator) -> str:
-    """The shipped config (table or heuristic) with ptxas register caps: more resident warps vs spills."""
+def setup(k: int, n: int, bits: int, m: int, gen: torch.Generator) -> tuple:
+    """A random weight, copies of it totalling > 4x L2, split-K counters, an input and its float32 reference."""
     p = our_weight(k, n, bits, gen)
     r = copies(p.qweight.numel() * 4)
     ps = [p] + [p.with_tensors(qweight=p.qweight.clone(), scales=p.scales.clone()) for _ in range(r - 1)]
     lock = torch.zeros(lock_slots(p.n), dtype=torch.int32, device=DEV)
     x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
-    ref = (x.float() @ dense_t(p, torch.float32)).float()
+    return p, ps, lock, x, (x.float() @ dense_t(p, torch.float32)).float()
+
+
+def register_caps(k: int, n: int, bits: int, m: int, caps: list[int], reps: int, gen: torch.Generator) -> str:
+    """The shipped config (table or heuristic) with ptxas register caps: more resident warps vs spills."""
+    p, ps, lock, x, ref = setup(k, n, bits, m, gen)
     cells = []
     for cap in [0, *caps]:
         c = replace(config(p, m, "gemv"), max_registers=cap)
@@ -62,12 +67,7 @@ def register_caps(k: int, n: int, bits: int, m: int, caps: list[int], reps: int,
 
 
 def sweep(k: int, n: int, bits: int, m: int, reps: int, gen: torch.Generator) -> tuple[str, dict, list[str]]:
-    p = our_weight(k, n, bits, gen)
-    r = copies(p.qweight.numel() * 4)
-    ps = [p] + [p.with_tensors(qweight=p.qweight.clone(), scales=p.scales.clone()) for _ in range(r - 1)]
-    lock = torch.zeros(lock_slots(p.n), dtype=torch.int32, device=DEV)
-    x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
-    ref = (x.float() @ dense_t(p, torch.float32)).float()
+    p, ps, lock, x, ref = setup(k, n, bits, m, gen)
     base = config(p, m, "gemv")
     rows: list[str] = []
     base_us: dict[bool, float] = {}

@@ -19,6 +19,23 @@ def kpos(j, rows, R: tl.constexpr, PF: tl.constexpr):
 
 
 @triton.jit
+def load_group(S, Z, OFF, off, ok, BLOCK_N: tl.constexpr, ZC: tl.constexpr, HAS_Z: tl.constexpr,
+               HAS_OFF: tl.constexpr):
+    """Scale, zero point and offset (float32) at element offsets ``off`` of the ``[G, NP]`` tensors; the zero
+    is the constant ``ZC`` without a zeros tensor, the offset 0 without ``HAS_OFF``."""
+    s = tl.load(S + off, mask=ok, other=0.0).to(tl.float32)
+    if HAS_Z:  # noqa: SIM108 (constexpr branch)
+        z = tl.load(Z + off, mask=ok, other=0).to(tl.float32)
+    else:
+        z = tl.full([1, BLOCK_N], ZC, tl.float32)
+    if HAS_OFF:  # noqa: SIM108 (constexpr branch)
+        o = tl.load(OFF + off, mask=ok, other=0.0).to(tl.float32)
+    else:
+        o = tl.zeros([1, BLOCK_N], tl.float32)
+    return s, z, o
+
+
+@triton.jit
 def group_params(S, Z, OFF, rows, row0, offs_n, G, NP, GS, PF: tl.constexpr, R: tl.constexpr,
                  BLOCK_N: tl.constexpr, ZC: tl.constexpr, HAS_Z: tl.constexpr, ONE_GROUP: tl.constexpr,
                  EVEN_N: tl.constexpr, HAS_OFF: tl.constexpr = False):
@@ -39,16 +56,7 @@ def group_params(S, Z, OFF, rows, row0, offs_n, G, NP, GS, PF: tl.constexpr, R: 
         g = kpos(0, rows, R, PF) // GS
         ok = (g < G)[:, None] & nmask[None, :]
         off = g[:, None] * NP + cols[None, :]
-    s = tl.load(S + off, mask=ok, other=0.0).to(tl.float32)
-    if HAS_Z:  # noqa: SIM108 (constexpr branch)
-        z = tl.load(Z + off, mask=ok, other=0).to(tl.float32)
-    else:
-        z = tl.full([1, BLOCK_N], ZC, tl.float32)
-    if HAS_OFF:  # noqa: SIM108 (constexpr branch)
-        o = tl.load(OFF + off, mask=ok, other=0.0).to(tl.float32)
-    else:
-        o = tl.zeros([1, BLOCK_N], tl.float32)
-    return s, z, o
+    return load_group(S, Z, OFF, off, ok, BLOCK_N, ZC, HAS_Z, HAS_OFF)
 
 
 @triton.jit

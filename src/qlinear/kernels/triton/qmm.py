@@ -30,6 +30,7 @@ from .common import (
     group_params,
     halves,
     kpos,
+    load_group,
     load_words,
     load_x,
     load_x1,
@@ -173,13 +174,8 @@ def qmm2_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
             g = (k0 + offs_k) // GS
             ok = (g < G)[:, None] & nmask[None, :]
             off = g[:, None] * NP + cols[None, :]
-        s = tl.load(S + off, mask=ok, other=0.0).to(tl.float32)
-        if HAS_Z:  # noqa: SIM108 (constexpr branch)
-            z = tl.load(Z + off, mask=ok, other=0).to(tl.float32)
-        else:
-            z = tl.full([1, BLOCK_N], ZC, tl.float32)
+        s, z, o = load_group(S, Z, OFF, off, ok, BLOCK_N, ZC, HAS_Z, HAS_OFF)
         if HAS_OFF:  # weights s * q + o (GGUF's float minimums; z is 0 there)
-            o = tl.load(OFF + off, mask=ok, other=0.0).to(tl.float32)
             b = tl.fma(tl.fma(f, fc, -(z + 8388608.0 * fc)), s, o).to(X.dtype.element_ty)
         else:
             b = (tl.fma(f, fc, -(z + 8388608.0 * fc)) * s).to(X.dtype.element_ty)
