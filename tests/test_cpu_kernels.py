@@ -3,15 +3,18 @@ the float64 numpy oracles in tests/oracle, plus conformance, memory and lifecycl
 
 These kernels compute in bfloat16 whatever the layer dtype (the only fast dtype of the int4pack and int8pack
 ops), so every dtype is held to the bfloat16 bound: 1.5e-2 of max |y_ref| (as TorchLinear's bfloat16 tests).
-M = 1 and 3 take the int4pack / int8pack op, M = 37 (above cpu_int4.INT4PACK_MAX_M = 32 and
-cpu_int8.INT8PACK_MAX_M = 16) the decode + GEMM path.
+Every int4 forward is run through each path the layer can take (``cpu_int4.Path``: the AMX kernels of the
+native extra where installed, the int4pack op, decode + GEMM), M = 1, 3 and 37 on each; the 8-bit kernel
+takes its op at M = 1 and 3 and decode + GEMM at M = 37 (above cpu_int8.INT8PACK_MAX_M = 16).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import warnings
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -20,7 +23,7 @@ import torch
 from qlinear import FORMAT, QuantLinear, RetiredKernelError, Scheme, Target, quantize_rtn, select
 from qlinear.caps import Problem
 from qlinear.enums import DEVICE
-from qlinear.kernels import cpu_int4, cpu_int8
+from qlinear.kernels import cpu_amx, cpu_int4, cpu_int8
 from qlinear.kernels.registry import kernel_by_name
 from qlinear.select import NoKernelError, explain
 from qlinear.spec import ConfigError
@@ -78,6 +81,30 @@ def rel_err(y: torch.Tensor, x: torch.Tensor, w64: np.ndarray, bias: torch.Tenso
     return float(np.abs(y.double().numpy() - ref).max() / np.abs(ref).max())
 
 
+def paths_of(layer: QuantLinear) -> list[cpu_int4.Path | None]:
+    """Every path an int4 layer can take here (None for the 8-bit kernel: its own rule)."""
+    if not isinstance(layer, cpu_int4.Int4PackMixin):
+        return [None]
+    layer.ensure_prepared()
+    rt, paths = layer._rt, [cpu_int4.Path.DECODE]
+    if rt.op:
+        paths.append(cpu_int4.Path.OP)
+    if cpu_amx.runs(rt.block, rt.k_pad):
+        paths.append(cpu_int4.Path.AMX)
+    return paths
+
+
+@contextlib.contextmanager
+def forced(layer: QuantLinear, path: cpu_int4.Path | None) -> Iterator[None]:
+    """Run ``layer`` on ``path`` whatever M (None: leave the layer's own rule)."""
+    if path is not None:
+        layer.path = lambda m, grad: path
+    try:
+        yield
+    finally:
+        layer.__dict__.pop("path", None)
+
+
 def cases() -> list[tuple[type[QuantLinear], int, bool, bool]]:
     out = []
     for cls in ALL:
@@ -98,24 +125,32 @@ def test_forward_matches_float64_oracle(cls, group, sym, desc_act) -> None:
     w64 = oracle(layer)
     for dtype, m in itertools.product(dtypes, (1, 3, 37)):
         x = torch.randn(m, layer.in_features).to(dtype)
-        y = layer(x)
-        assert y.dtype == dtype and y.shape == (m, n)
-        assert rel_err(y, x, w64, layer.bias) < TOL, (dtype, m)
+        for path in paths_of(layer):
+            with forced(layer, path):
+                y = layer(x)
+            assert y.dtype == dtype and y.shape == (m, n)
+            assert rel_err(y, x, w64, layer.bias) < TOL, (dtype, m, path)
     y3 = layer(torch.randn(2, 3, layer.in_features).to(dtypes[0]))
     assert y3.shape == (2, 3, n)
 
 
 @pytest.mark.parametrize("cls", INT4, ids=lambda c: c.__name__)
-def test_op_and_decode_paths_agree(cls, monkeypatch) -> None:
+def test_paths_agree_and_amx_is_preferred(cls) -> None:
     runnable(cls)
     layer = build(cls, 4, 128, False, False, 512, 64, torch.bfloat16)
     x = torch.randn(5, 512, dtype=torch.bfloat16)
-    monkeypatch.setattr(layer, "use_op", lambda m, grad: True)
-    op = layer(x).float()
-    monkeypatch.setattr(layer, "use_op", lambda m, grad: False)
-    decode = layer(x).float()
-    assert (op - decode).abs().max() <= 2e-2 * op.abs().max()
-    assert layer._rt.block == 64  # the op's bytes are the layout the decode path reads, on this CPU
+    outs = {}
+    for path in paths_of(layer):
+        with forced(layer, path):
+            outs[path] = layer(x).float()
+    ref = outs[cpu_int4.Path.DECODE]
+    for path, y in outs.items():
+        assert (y - ref).abs().max() <= 2e-2 * ref.abs().max(), path
+    assert layer._rt.block == 64  # the op's bytes are the layout the decode path and AMX read, on this CPU
+    if cpu_amx.native_amx() is not None:
+        assert cpu_int4.Path.AMX in outs and all(layer.path(m, False) is cpu_int4.Path.AMX for m in (2, 40, 300))
+        assert layer.path(1, False) is cpu_int4.Path.OP  # measured faster at M=1
+    assert layer.path(5, True) is cpu_int4.Path.DECODE  # gradients
 
 
 def test_other_cpu_builds_packings(monkeypatch) -> None:
@@ -127,12 +162,12 @@ def test_other_cpu_builds_packings(monkeypatch) -> None:
     avx2 = lambda codes, tiles: cpu_int4.pack_blocks(codes, 32).view(codes.shape[0], -1)  # noqa: E731
     monkeypatch.setattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", avx2)
     layer.prepare()
-    assert layer._rt.block == 32 and not layer.use_op(40, False)
+    assert layer._rt.block == 32 and layer.path(40, False) is cpu_int4.Path.DECODE  # no AMX on 32-blocks
     assert rel_err(layer(x), x, w64, None) < TOL
     monkeypatch.undo()
     monkeypatch.setattr(cpu_int4, "BLOCKS", (32,))
     layer.prepare()
-    assert layer._rt.block == 0 and layer.use_op(40, False)
+    assert layer._rt.block == 0 and layer.path(40, False) is cpu_int4.Path.OP
     assert rel_err(layer(x), x, w64, None) < TOL
     with pytest.raises(RuntimeError, match="gradients need the decode path"):
         layer(x.clone().requires_grad_())

@@ -51,7 +51,8 @@ def test_layer_output_is_identical_with_and_without_the_native_decode(monkeypatc
     w = torch.randn(192, 384, generator=torch.Generator().manual_seed(1)) * 0.02
     layer = QuantLinear.create(quantize_rtn(w, bits=4, group_size=64, sym=False), format="gptq_v2",
                                backend="gptq_torch_cpu_avx512", dtype=torch.bfloat16)
-    x = torch.randn(70, 384, dtype=torch.bfloat16)  # above the op's crossover: the decode path
+    x = torch.randn(70, 384, dtype=torch.bfloat16)
+    monkeypatch.setattr(layer, "path", lambda m, grad: cpu_int4.Path.DECODE)  # not AMX, where installed
     monkeypatch.setattr(cpu_int4, "_NATIVE", None)
     assert cpu_int4.native_decoder() is not None
     with_native = layer(x)

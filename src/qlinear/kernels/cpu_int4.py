@@ -3,6 +3,9 @@
 One runtime (``Int4PackRuntime``) serves all six classes: ``prepare()`` builds it from ``self.affine()``,
 so GPTQ v1/v2 and AWQ checkpoints meet the same code. Each forward picks, from M (rows of the input):
 
+* with the optional native extra on an AMX CPU (``pip install ./native``): the AMX kernels of
+  ``cpu_amx`` from M = 2 (the weight decoded once per call into AMX tiles; faster than the op from M = 2
+  and than dense bfloat16 at every measured M),
 * small M: ``_weight_int4pack_mm_for_cpu`` (bfloat16; reads the 4-bit weight once per call),
 * large M (above ``INT4PACK_MAX_M``, measured): decode a tile of output channels (about 1 MiB) to
   bfloat16 ``s * (q - 8)`` from the same packed bytes and run a bfloat16 GEMM (AMX on this CPU); the
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import torch
@@ -31,6 +35,7 @@ from ..caps import Problem
 from ..enums import DEVICE
 from ..layouts.int4pack import OP_GROUP_SIZES, to_int4pack_inputs
 from ..target import Target
+from . import cpu_amx
 from .awq_base import AwqQuantLinear
 from .gptq_base import GPTQQuantLinear
 from .planned import cpu as declared
@@ -77,7 +82,8 @@ class Int4PackRuntime:
     """Kernel-private tensors (never saved): packed codes, per-op-group scales and offsets, K order."""
 
     packed: torch.Tensor  # [N_pad/B, K_pad, B/2] uint8; also the op's [N_pad, K_pad/2] bytes
-    scales_zeros: torch.Tensor | None  # [K_pad/gs, N_pad, 2] bf16 for the op; None: op unusable
+    scales_zeros: torch.Tensor  # [K_pad/gs, N_pad, 2] bf16 (scale, (8 - z) * scale): the op's and AMX's
+    op: bool  # the int4pack op can run this group
     scales: torch.Tensor  # [K_pad/gs, N_pad] bf16
     offsets: torch.Tensor | None  # [K_pad/gs, N_pad] float32 (8 - z) * s; None when all zero
     ret_idx: torch.Tensor | None  # input channel read at each position, None when plain
@@ -114,7 +120,7 @@ def build_runtime(layer: torch.nn.Module) -> Int4PackRuntime:
         packed = theirs.view(n_pad // block, k_pad, block // 2) if block else theirs  # 0: op for every M
     offsets = sz[..., 1].float()
     return Int4PackRuntime(
-        packed=packed, scales_zeros=sz if op_ok else None, scales=sz[..., 0].contiguous(),
+        packed=packed, scales_zeros=sz, op=op_ok, scales=sz[..., 0].contiguous(),
         offsets=offsets.contiguous() if bool(offsets.any()) else None, ret_idx=inputs.ret_idx,
         group=group, k_pad=k_pad, n_pad=n_pad, block=block)
 
@@ -180,6 +186,14 @@ def decode_matmul(rt: Int4PackRuntime, xb: torch.Tensor, tile_blocks: int) -> to
     return y.float() + sums @ rt.offsets
 
 
+class Path(Enum):
+    """How one forward of an int4pack layer runs."""
+
+    AMX = "AMX tiles (native extra)"
+    OP = "int4pack op"
+    DECODE = "decode + bfloat16 GEMM"
+
+
 class Int4PackMixin:
     """Runtime mixin: ``prepare()`` builds an ``Int4PackRuntime``; ``forward`` routes by M."""
 
@@ -197,17 +211,20 @@ class Int4PackMixin:
         self._rt = build_runtime(self)
         super().prepare()
 
-    def use_op(self, m: int, grad: bool) -> bool:
-        """Run the int4pack op for ``m`` rows? (No when it cannot, or decode is faster, or grads are needed.)"""
+    def path(self, m: int, grad: bool) -> Path:
+        """The path for ``m`` rows: AMX where it runs (but the op at M=1, measured faster), else the op up to its
+        measured crossover, else decode + GEMM (also for gradients, which neither the op nor AMX has)."""
         rt = self._rt
-        if rt.scales_zeros is None:
-            return False
-        if not rt.block:
-            if grad:
+        if grad:
+            if not rt.block:
                 raise RuntimeError(f"{type(self).__name__}: gradients need the decode path, and this torch build "
                                    "packs int4 in a layout it cannot read; use backend gptq_torch / awq_torch")
-            return True
-        return not grad and m <= int4pack_max_m(self.in_features, self.out_features)
+            return Path.DECODE
+        if cpu_amx.runs(rt.block, rt.k_pad) and (m >= cpu_amx.MIN_M or not rt.op):
+            return Path.AMX
+        if rt.op and (not rt.block or m <= int4pack_max_m(self.in_features, self.out_features)):
+            return Path.OP
+        return Path.DECODE
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k, n = self.in_features, self.out_features
@@ -221,8 +238,10 @@ class Int4PackMixin:
             xb = xb.index_select(1, rt.ret_idx)
         if rt.k_pad > k:
             xb = F.pad(xb, (0, rt.k_pad - k))
-        grad = torch.is_grad_enabled() and xb.requires_grad
-        if self.use_op(xb.shape[0], grad):
+        path = self.path(xb.shape[0], torch.is_grad_enabled() and xb.requires_grad)
+        if path is Path.AMX:
+            y = cpu_amx.matmul(xb, rt.packed, rt.scales_zeros, rt.group)
+        elif path is Path.OP:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), rt.packed.view(rt.n_pad, -1),
                                                             rt.group, rt.scales_zeros)
         else:

@@ -1,4 +1,5 @@
-"""GGUF blocks on torch's CPU int4pack op: the fast bfloat16 path of ``GGUFTorchLinear`` for small M.
+"""GGUF blocks on torch's CPU int4pack op: the fast bfloat16 path of ``GGUFTorchLinear`` for small M, and
+for every M where the native extra's AMX kernels run (``cpu_amx``; they read the same tensors).
 
 Types whose values are ``scale * code + offset`` over runs of 32 (``layouts/gguf/affine32``: Q4_0, Q4_1,
 Q5_0, Q5_1, Q8_0, Q4_K, Q5_K) are re-laid, once per prepare, as the op's 4-bit planes with group 32:
@@ -22,6 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from ..layouts.gguf.affine32 import AFFINE32_BITS, affine32
+from . import cpu_amx
+from .cpu_int4 import pack_blocks
 
 BF16 = torch.bfloat16
 #: Output channels are padded to this (the op's AVX512 packing block); rows are converted in chunks of it.
@@ -44,6 +47,11 @@ class GGUFInt4Pack:
     planes: int
     k_pad: int
     n_pad: int
+    block: int  # channels per block of the op's packing when it is the [N/B, K, B/2] layout, else 0
+
+    def amx(self) -> bool:
+        """Do the native AMX kernels read these bytes?"""
+        return cpu_amx.runs(self.block, self.planes * self.k_pad)
 
 
 def supported(qtype: str) -> bool:
@@ -64,7 +72,7 @@ def build(qweight: torch.Tensor, qtype: str, k: int, n: int) -> GGUFInt4Pack:
     bits = AFFINE32_BITS[qtype]
     planes = 1 if bits == 4 else 2
     n_pad = -(-n // N_BLOCK) * N_BLOCK
-    packed, params = [], []
+    packed, params, block = [], [], N_BLOCK
     for r0 in range(0, n_pad, CHUNK_ROWS):
         r1 = min(n_pad, r0 + CHUNK_ROWS)
         codes, scale, offset = affine32(qweight[r0:min(r1, n)], qtype, k)
@@ -73,18 +81,23 @@ def build(qweight: torch.Tensor, qtype: str, k: int, n: int) -> GGUFInt4Pack:
         split = [codes] if planes == 1 else [codes & 15, codes >> 4]
         cat = torch.cat(split, 1).to(torch.int32).contiguous()
         packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(cat, 1))
+        if block and not torch.equal(packed[-1].view(-1), pack_blocks(cat, N_BLOCK).view(-1)):
+            block = 0  # another build's packing: the op reads it, AMX does not
         params.append(torch.cat(_plane_params(scale, offset, bits), 1))  # [rows, planes*G, 2]
     sz = torch.cat(params, 0).transpose(0, 1).to(BF16).contiguous()  # [planes*G, N_pad, 2]
     k_pad = sz.shape[0] // planes * 32
-    return GGUFInt4Pack(torch.cat(packed, 0), sz, planes, k_pad, n_pad)
+    return GGUFInt4Pack(torch.cat(packed, 0), sz, planes, k_pad, n_pad, block)
 
 
 def matmul(rt: GGUFInt4Pack, x: torch.Tensor, n: int) -> torch.Tensor:
-    """``x [M, K]`` (any float dtype) -> ``[M, n]`` bfloat16 through the op."""
+    """``x [M, K]`` (any float dtype) -> ``[M, n]`` bfloat16 through AMX where it runs, else the op."""
     xb = x.to(BF16)
     if rt.k_pad > xb.shape[1]:
         xb = F.pad(xb, (0, rt.k_pad - xb.shape[1]))
     if rt.planes == 2:
         xb = torch.cat([xb, xb], 1)
-    y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), rt.packed, 32, rt.scales_zeros)
+    if rt.amx() and xb.shape[0] >= cpu_amx.MIN_M:
+        y = cpu_amx.matmul(xb, rt.packed, rt.scales_zeros, 32)
+    else:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), rt.packed, 32, rt.scales_zeros)
     return y[:, :n]
