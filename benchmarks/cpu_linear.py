@@ -5,8 +5,8 @@ which no kernel may do), TorchLinear, every CPU kernel (GPTQ and AWQ, 4-bit g128
 on the 8-bit quantization of the same weight) and the kernel AUTO picks for a GPTQ bfloat16 layer.
 Prints a Markdown table per shape: median milliseconds and speed-up vs dense bf16 / fp32 (>1 = faster),
 then the issue's targets. ``--crossover`` instead times each path per M: the int4pack / int8pack ops, decode +
-bf16 GEMM, and the two AMX kernels of the native extra (the data behind ``cpu_int4.INT4PACK_MAX_M``,
-``cpu_amx.CODES_MAX_M`` and ``cpu_int8.INT8PACK_MAX_M``).
+bf16 GEMM, and the three kernels of the native extra (the data behind ``cpu_int4.INT4PACK_MAX_M``,
+``native_int4.MV_MAX_M``, ``native_int4.CODES_MAX_M`` and ``cpu_int8.INT8PACK_MAX_M``).
 
     python benchmarks/cpu_linear.py                 # full run: 3 shapes x M in 1, 4, 16, 64, 256
     python benchmarks/cpu_linear.py --quick         # one shape, few repetitions (smoke test)
@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 
 from qlinear import QuantLinear, quantize_rtn
-from qlinear.kernels import cpu_amx, cpu_int4, cpu_int8
+from qlinear.kernels import cpu_int4, cpu_int8, native_int4
 
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))  # (in_features K, out_features N)
 MS = (1, 4, 16, 64, 256)
@@ -146,22 +146,25 @@ def path_layers(k: int, n: int) -> tuple[QuantLinear, QuantLinear]:
 
 
 def time_paths(layers: tuple[QuantLinear, QuantLinear], m: int, reps: int, budget_s: float) -> list[float]:
-    """ms of (int4pack op, 4-bit decode + GEMM, AMX codes, AMX weights, int8pack op, 8-bit decode + GEMM) for
-    ``m`` rows; nan where the native AMX extra is not available."""
+    """ms of (int4pack op, 4-bit decode + GEMM, native int4_mv (M <= 8), int4_mm_codes, int4_mm_weights,
+    int8pack op, 8-bit decode + GEMM) for ``m`` rows; nan where a native kernel is not available."""
     int4, int8 = layers
     x = torch.randn(m, int4.in_features, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
     out = []
     for path in (cpu_int4.Path.OP, cpu_int4.Path.DECODE):
         int4.path = lambda m, grad, path=path: path
         out.append(median_ms(lambda: int4(x), reps, budget_s))
-    int4.path = lambda m, grad: cpu_int4.Path.AMX
-    saved = cpu_amx.CODES_MAX_M
+    int4.path = lambda m, grad: cpu_int4.Path.NATIVE
+    saved = native_int4.kernel_for
+    mod = native_int4.native_int4()
     try:
-        for limit in (1 << 30, 0):
-            cpu_amx.CODES_MAX_M = limit
-            out.append(median_ms(lambda: int4(x), reps, budget_s) if cpu_amx.native_amx() else float("nan"))
+        for kernel, ok in ((native_int4.Kernel.MV, m <= 8 and mod and mod.mv_available()),
+                           (native_int4.Kernel.CODES, mod and mod.amx_available()),
+                           (native_int4.Kernel.WEIGHTS, mod and mod.amx_available())):
+            native_int4.kernel_for = lambda *a, kernel=kernel: kernel
+            out.append(median_ms(lambda: int4(x), reps, budget_s) if ok else float("nan"))
     finally:
-        cpu_amx.CODES_MAX_M = saved
+        native_int4.kernel_for = saved
     del int4.path
     saved = cpu_int8.INT8PACK_MAX_M
     try:
@@ -185,22 +188,24 @@ def last_win(ms: tuple[int, ...], wins: list[bool]) -> int:
 
 @torch.no_grad()
 def run_crossover(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], reps: int, budget_s: float) -> str:
-    lines = ["| K x N | M | int4pack op ms | 4-bit decode + bf16 GEMM ms | AMX codes ms | AMX weights ms | "
-             "int8pack op ms | 8-bit decode + bf16 GEMM ms |", "|---|---|---|---|---|---|---|---|"]
-    found4, found8, codes, amx_wins = {}, {}, {}, {}
+    lines = ["| K x N | M | int4pack op ms | 4-bit decode + bf16 GEMM ms | native mv ms | native AMX codes ms | "
+             "native AMX weights ms | int8pack op ms | 8-bit decode + bf16 GEMM ms |", "|" + "---|" * 9]
+    found4, found8, mv, codes, lost = {}, {}, {}, {}, {}
     for k, n in shapes:
         layers = path_layers(k, n)
         rows = [time_paths(layers, m, reps, budget_s) for m in ms]
         lines += [f"| {k}x{n} | {m} | " + " | ".join(f"{t:.3g}" for t in r) + " |" for m, r in zip(ms, rows)]
         found4[(k, n)] = last_win(ms, [r[0] <= r[1] for r in rows])
-        codes[(k, n)] = last_win(ms, [r[2] <= r[3] for r in rows])
-        amx_wins[(k, n)] = [m for m, r in zip(ms, rows) if min(r[2:4]) > min(r[:2])]
-        found8[(k, n)] = last_win(ms, [r[4] <= r[5] for r in rows])
+        mv[(k, n)] = last_win(ms, [r[2] <= min(r[3:5]) for r in rows])
+        codes[(k, n)] = last_win(ms, [r[3] <= r[4] for r in rows])
+        lost[(k, n)] = [m for m, r in zip(ms, rows) if min(r[2:5]) > min(r[:2])]
+        found8[(k, n)] = last_win(ms, [r[5] <= r[6] for r in rows])
     native = cpu_int4.native_decoder() is not None
     table = cpu_int4.INT4PACK_MAX_M_NATIVE if native else cpu_int4.INT4PACK_MAX_M
     lines += ["", f"INT4PACK_MAX_M{'_NATIVE' if native else ''} = {found4} (in use: {table})",
-              f"cpu_amx.CODES_MAX_M: codes won up to {codes} (in use: {cpu_amx.CODES_MAX_M})",
-              f"M where AMX (best variant) lost to the op or decode path: {amx_wins}",
+              f"native_int4.MV_MAX_M: mv won up to {mv} (in use: {native_int4.MV_MAX_M})",
+              f"native_int4.CODES_MAX_M: codes won up to {codes} (in use: {native_int4.CODES_MAX_M})",
+              f"M where the best native kernel lost to the op or decode path: {lost}",
               f"INT8PACK_MAX_M = {found8} (in use: {cpu_int8.INT8PACK_MAX_M})"]
     return "\n".join(lines)
 

@@ -2,6 +2,8 @@
 
 from setuptools import Extension, setup
 
-FLAGS = ["-O3", "-march=native", "-std=c11"]
-setup(ext_modules=[Extension("qlinear_native._decode", ["src/qlinear_native/_decode.c"], extra_compile_args=FLAGS),
-                   Extension("qlinear_native._amx", ["src/qlinear_native/_amx.c"], extra_compile_args=FLAGS)])
+FLAGS = ["-O3", "-march=native", "-std=gnu11"]
+SRC = "src/qlinear_native/"
+setup(ext_modules=[Extension("qlinear_native._decode", [SRC + "_decode.c"], extra_compile_args=FLAGS),
+                   Extension("qlinear_native._int4", [SRC + f for f in ("_int4.c", "int4_amx.c", "int4_mv.c")],
+                             depends=[SRC + "int4.h"], extra_compile_args=FLAGS)])

@@ -3,8 +3,8 @@ the float64 numpy oracles in tests/oracle, plus conformance, memory and lifecycl
 
 These kernels compute in bfloat16 whatever the layer dtype (the only fast dtype of the int4pack and int8pack
 ops), so every dtype is held to the bfloat16 bound: 1.5e-2 of max |y_ref| (as TorchLinear's bfloat16 tests).
-Every int4 forward is run through each path the layer can take (``cpu_int4.Path``: the AMX kernels of the
-native extra where installed, the int4pack op, decode + GEMM), M = 1, 3 and 37 on each; the 8-bit kernel
+Every int4 forward is run through each path the layer can take (``cpu_int4.Path``: the native extra where
+installed, the int4pack op, decode + GEMM), M = 1, 3 and 37 on each (the extra's kernel picked by M); the 8-bit kernel
 takes its op at M = 1 and 3 and decode + GEMM at M = 37 (above cpu_int8.INT8PACK_MAX_M = 16).
 """
 
@@ -23,7 +23,7 @@ import torch
 from qlinear import FORMAT, QuantLinear, RetiredKernelError, Scheme, Target, quantize_rtn, select
 from qlinear.caps import Problem
 from qlinear.enums import DEVICE
-from qlinear.kernels import cpu_amx, cpu_int4, cpu_int8
+from qlinear.kernels import cpu_int4, cpu_int8, native_int4
 from qlinear.kernels.registry import kernel_by_name
 from qlinear.select import NoKernelError, explain
 from qlinear.spec import ConfigError
@@ -89,8 +89,8 @@ def paths_of(layer: QuantLinear) -> list[cpu_int4.Path | None]:
     rt, paths = layer._rt, [cpu_int4.Path.DECODE]
     if rt.op:
         paths.append(cpu_int4.Path.OP)
-    if cpu_amx.runs(rt.block, rt.k_pad):
-        paths.append(cpu_int4.Path.AMX)
+    if native_int4.kernel_for(1, rt.group, rt.block, rt.k_pad) is not None:
+        paths.append(cpu_int4.Path.NATIVE)
     return paths
 
 
@@ -147,9 +147,10 @@ def test_paths_agree_and_amx_is_preferred(cls) -> None:
     for path, y in outs.items():
         assert (y - ref).abs().max() <= 2e-2 * ref.abs().max(), path
     assert layer._rt.block == 64  # the op's bytes are the layout the decode path and AMX read, on this CPU
-    if cpu_amx.native_amx() is not None:
-        assert cpu_int4.Path.AMX in outs and all(layer.path(m, False) is cpu_int4.Path.AMX for m in (2, 40, 300))
-        assert layer.path(1, False) is cpu_int4.Path.OP  # measured faster at M=1
+    mod = native_int4.native_int4()
+    if mod is not None and mod.amx_available() and mod.mv_available():  # this repo's CPU: every M native
+        assert cpu_int4.Path.NATIVE in outs
+        assert all(layer.path(m, False) is cpu_int4.Path.NATIVE for m in (1, 2, 40, 300))
     assert layer.path(5, True) is cpu_int4.Path.DECODE  # gradients
 
 

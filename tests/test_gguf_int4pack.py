@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from qlinear.kernels import cpu_amx, gguf_int4pack
+from qlinear.kernels import gguf_int4pack, native_int4
 from qlinear.kernels.gguf_torch import GGUFTorchLinear
 from qlinear.layouts import gguf
 from qlinear.layouts.gguf.affine32 import AFFINE32_BITS, affine32
@@ -60,33 +60,33 @@ def test_bf16_small_m_runs_the_op_and_matches_float64(qtype: str, n: int) -> Non
     planes = 1 if AFFINE32_BITS[qtype] == 4 else 2
     for m in (1, 3, gguf_int4pack.MAX_M[planes]):
         x = torch.randn(2, m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
-        amx = cpu_amx.native_amx() is not None  # the AMX kernels take every M
-        assert lay.uses_int4pack(x.reshape(-1, k)) == (amx or 2 * m <= gguf_int4pack.MAX_M[planes])
+        native = lay.int4pack_runtime().native_kernel(2 * m) is not None  # the extra takes any M it runs
+        assert lay.uses_int4pack(x.reshape(-1, k)) == (native or 2 * m <= gguf_int4pack.MAX_M[planes])
         y = lay(x)
         assert y.dtype == torch.bfloat16 and y.shape == (2, m, n)
         ref = x.double().numpy() @ w64.T + bias.double().numpy()
         err = np.abs(y.double().numpy() - ref).max() / np.abs(ref).max()
         assert err < 1e-2, f"{qtype} M={2 * m}: relative error {err:.2e}"
     assert lay._int4pack is not None and lay._int4pack.planes == planes
-    assert lay._int4pack.amx() == (cpu_amx.native_amx() is not None)
+    assert (lay._int4pack.native_kernel(1) is not None) == (native_int4.native_int4() is not None)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0"])
-def test_amx_and_the_op_agree(qtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The two consumers of the same planes (native AMX kernels, torch's op) against the float64 decode."""
-    if cpu_amx.native_amx() is None:
-        pytest.skip("the native AMX extra is not available here")
+def test_native_kernels_and_the_op_agree(qtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The consumers of the same planes (the native extra's kernels, torch's op) against the float64 decode."""
+    if native_int4.native_int4() is None:
+        pytest.skip("the native extra is not available here")
     k, n = 512, 192
     raw = encoded(qtype, n, k, 5)
     lay = GGUFTorchLinear(gguf.scheme_for(qtype, k, n), dtype=torch.bfloat16)
     lay.load_blocks(raw)
     w64 = oracle(raw, qtype)
-    for m in (1, 40, 90):  # AMX codes, AMX weights
+    for m in (1, 2, 40, 90):  # mv, mv, AMX codes, AMX weights (on a CPU with both)
         x = torch.randn(m, k).to(torch.bfloat16)
         ref = x.double().numpy() @ w64.T
         amx = lay(x).double().numpy()
         with monkeypatch.context() as mp:
-            mp.setattr(cpu_amx, "_AMX", False)
+            mp.setattr(native_int4, "_MODULE", False)
             op = gguf_int4pack.matmul(lay.int4pack_runtime(), x, n).double().numpy()
         for y in (amx, op):
             assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-2, m

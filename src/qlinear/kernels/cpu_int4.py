@@ -3,9 +3,9 @@
 One runtime (``Int4PackRuntime``) serves all six classes: ``prepare()`` builds it from ``self.affine()``,
 so GPTQ v1/v2 and AWQ checkpoints meet the same code. Each forward picks, from M (rows of the input):
 
-* with the optional native extra on an AMX CPU (``pip install ./native``): the AMX kernels of
-  ``cpu_amx`` from M = 2 (the weight decoded once per call into AMX tiles; faster than the op from M = 2
-  and than dense bfloat16 at every measured M),
+* with the optional native extra (``pip install ./native``) on a CPU it runs on: its kernels
+  (``native_int4``: AVX512-BF16 dot products for one or two rows, AMX tiles above; the weight decoded once
+  per call; faster than the op and than dense bfloat16 at every measured M),
 * small M: ``_weight_int4pack_mm_for_cpu`` (bfloat16; reads the 4-bit weight once per call),
 * large M (above ``INT4PACK_MAX_M``, measured): decode a tile of output channels (about 1 MiB) to
   bfloat16 ``s * (q - 8)`` from the same packed bytes and run a bfloat16 GEMM (AMX on this CPU); the
@@ -35,7 +35,7 @@ from ..caps import Problem
 from ..enums import DEVICE
 from ..layouts.int4pack import OP_GROUP_SIZES, to_int4pack_inputs
 from ..target import Target
-from . import cpu_amx
+from . import native_int4
 from .awq_base import AwqQuantLinear
 from .gptq_base import GPTQQuantLinear
 from .planned import cpu as declared
@@ -189,7 +189,7 @@ def decode_matmul(rt: Int4PackRuntime, xb: torch.Tensor, tile_blocks: int) -> to
 class Path(Enum):
     """How one forward of an int4pack layer runs."""
 
-    AMX = "AMX tiles (native extra)"
+    NATIVE = "native extra (AVX512-BF16 / AMX)"
     OP = "int4pack op"
     DECODE = "decode + bfloat16 GEMM"
 
@@ -212,16 +212,16 @@ class Int4PackMixin:
         super().prepare()
 
     def path(self, m: int, grad: bool) -> Path:
-        """The path for ``m`` rows: AMX where it runs (but the op at M=1, measured faster), else the op up to its
-        measured crossover, else decode + GEMM (also for gradients, which neither the op nor AMX has)."""
+        """The path for ``m`` rows: the native extra where one of its kernels runs, else the op up to its
+        measured crossover, else decode + GEMM (also for gradients, which neither the op nor the extra has)."""
         rt = self._rt
         if grad:
             if not rt.block:
                 raise RuntimeError(f"{type(self).__name__}: gradients need the decode path, and this torch build "
                                    "packs int4 in a layout it cannot read; use backend gptq_torch / awq_torch")
             return Path.DECODE
-        if cpu_amx.runs(rt.block, rt.k_pad) and (m >= cpu_amx.MIN_M or not rt.op):
-            return Path.AMX
+        if native_int4.kernel_for(m, rt.group, rt.block, rt.k_pad) is not None:
+            return Path.NATIVE
         if rt.op and (not rt.block or m <= int4pack_max_m(self.in_features, self.out_features)):
             return Path.OP
         return Path.DECODE
@@ -239,8 +239,9 @@ class Int4PackMixin:
         if rt.k_pad > k:
             xb = F.pad(xb, (0, rt.k_pad - k))
         path = self.path(xb.shape[0], torch.is_grad_enabled() and xb.requires_grad)
-        if path is Path.AMX:
-            y = cpu_amx.matmul(xb, rt.packed, rt.scales_zeros, rt.group)
+        if path is Path.NATIVE:
+            kernel = native_int4.kernel_for(xb.shape[0], rt.group, rt.block, rt.k_pad) or native_int4.Kernel.WEIGHTS
+            y = native_int4.matmul(xb, rt.packed, rt.scales_zeros, rt.group, kernel)
         elif path is Path.OP:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), rt.packed.view(rt.n_pad, -1),
                                                             rt.group, rt.scales_zeros)

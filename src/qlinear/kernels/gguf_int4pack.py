@@ -1,5 +1,5 @@
 """GGUF blocks on torch's CPU int4pack op: the fast bfloat16 path of ``GGUFTorchLinear`` for small M, and
-for every M where the native extra's AMX kernels run (``cpu_amx``; they read the same tensors).
+for every M where a kernel of the native extra runs (``native_int4``; it reads the same tensors).
 
 Types whose values are ``scale * code + offset`` over runs of 32 (``layouts/gguf/affine32``: Q4_0, Q4_1,
 Q5_0, Q5_1, Q8_0, Q4_K, Q5_K) are re-laid, once per prepare, as the op's 4-bit planes with group 32:
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..layouts.gguf.affine32 import AFFINE32_BITS, affine32
-from . import cpu_amx
+from . import native_int4
 from .cpu_int4 import pack_blocks
 
 BF16 = torch.bfloat16
@@ -49,9 +49,9 @@ class GGUFInt4Pack:
     n_pad: int
     block: int  # channels per block of the op's packing when it is the [N/B, K, B/2] layout, else 0
 
-    def amx(self) -> bool:
-        """Do the native AMX kernels read these bytes?"""
-        return cpu_amx.runs(self.block, self.planes * self.k_pad)
+    def native_kernel(self, m: int) -> native_int4.Kernel | None:
+        """The native extra's kernel for ``m`` rows of these planes, if one runs them."""
+        return native_int4.kernel_for(m, 32, self.block, self.planes * self.k_pad)
 
 
 def supported(qtype: str) -> bool:
@@ -90,14 +90,15 @@ def build(qweight: torch.Tensor, qtype: str, k: int, n: int) -> GGUFInt4Pack:
 
 
 def matmul(rt: GGUFInt4Pack, x: torch.Tensor, n: int) -> torch.Tensor:
-    """``x [M, K]`` (any float dtype) -> ``[M, n]`` bfloat16 through AMX where it runs, else the op."""
+    """``x [M, K]`` (any float dtype) -> ``[M, n]`` bfloat16 through the native extra where it runs, else the op."""
     xb = x.to(BF16)
     if rt.k_pad > xb.shape[1]:
         xb = F.pad(xb, (0, rt.k_pad - xb.shape[1]))
     if rt.planes == 2:
         xb = torch.cat([xb, xb], 1)
-    if rt.amx() and xb.shape[0] >= cpu_amx.MIN_M:
-        y = cpu_amx.matmul(xb, rt.packed, rt.scales_zeros, 32)
+    kernel = rt.native_kernel(xb.shape[0])
+    if kernel is not None:
+        y = native_int4.matmul(xb, rt.packed, rt.scales_zeros, 32, kernel)
     else:
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), rt.packed, 32, rt.scales_zeros)
     return y[:, :n]

@@ -21,7 +21,7 @@ from ..enums import BACKEND, FORMAT
 from ..layouts import gguf
 from ..spec import Scheme
 from ..target import Target
-from . import cpu_amx, gguf_int4pack
+from . import gguf_int4pack, native_int4
 from .base import QuantLinear
 from .planned.gguf import GGUFTorchLinear as _Declared
 
@@ -148,7 +148,7 @@ class GGUFTorchLinear(GGUFQuantLinear):
     """Native GGML blocks of every quantized type qlinear decodes, decoded tile by tile in each forward.
 
     On a CPU with bfloat16 activations, the 32-value affine types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K)
-    run torch's int4pack op for small M instead, or the native extra's AMX kernels at any M where installed
+    run torch's int4pack op for small M instead, or the native extra's kernels at any M where installed
     (``gguf_int4pack``: per-32 scales rounded to bfloat16, as the activations are); float32 and float16
     activations always take the exact decode.
     """
@@ -163,13 +163,14 @@ class GGUFTorchLinear(GGUFQuantLinear):
 
     def int4pack_runtime(self) -> gguf_int4pack.GGUFInt4Pack:
         """The int4pack planes, built on the first call that needs them."""
+        self.ensure_prepared()
         if self._int4pack is None:
             self._int4pack = gguf_int4pack.build(self.qweight, self.qtype.name, self.in_features, self.out_features)
         return self._int4pack
 
     def uses_int4pack(self, x2: torch.Tensor) -> bool:
         """Route this call to the int4pack planes? (CPU, bfloat16, an affine-32 type, and M at most ``MAX_M``
-        or the AMX kernels installed.)"""
+        or a kernel of the native extra for this M.)"""
         name = self.qtype.name
         if (x2.device.type != "cpu" or x2.dtype != torch.bfloat16 or not gguf_int4pack.supported(name)
                 or (torch.is_grad_enabled() and x2.requires_grad) or self.out_features < 16
@@ -178,7 +179,7 @@ class GGUFTorchLinear(GGUFQuantLinear):
         planes = 1 if gguf_int4pack.AFFINE32_BITS[name] == 4 else 2
         if x2.shape[0] <= gguf_int4pack.MAX_M[planes]:
             return True
-        return cpu_amx.native_amx() is not None and self.int4pack_runtime().amx()
+        return native_int4.native_int4() is not None and self.int4pack_runtime().native_kernel(x2.shape[0]) is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)

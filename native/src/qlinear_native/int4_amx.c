@@ -1,39 +1,24 @@
-/* bfloat16 activations times an int4pack CPU weight on AMX tiles (TDPBF16PS), for qlinear's CPU int4 kernels.
+/* bfloat16 activations times an int4pack CPU weight on AMX tiles (TDPBF16PS); layout in int4.h.
  *
  * Why: the int4pack op re-decodes the weight for every row of M, and decode-to-memory + a bf16 GEMM pays for
  * writing and re-reading a dense tile. Here the weight is decoded once per call, straight into the VNNI pair
  * order of AMX's B operand (16 k-pairs x 16 channels per 1 KiB tile), held in L1/L2 and used by every 16-row
- * block of activations. Two entry points:
- *   int4_mm_codes (group % 32 == 0; fastest up to a few dozen rows): the tiles hold the exact codes as
+ * block of activations. Two kernels:
+ *   ql_amx_mm_codes (group % 32 == 0; fastest up to a few dozen rows): the tiles hold the exact codes as
  *     bfloat16 128 + q and each group's float32 product is scaled after: y += s * C_g + rowsum_g(x) * (o - 136 s).
- *   int4_mm_weights (any even group; large M): the tiles hold bf16(fma(q, s, o - 8 s)), the weight rounded to
- *     bfloat16 once, and chunks of ng channels x kc rows are reused across all of M.
- * Weight value, as the int4pack op means it: s * (q - 8) + o, with (s, o) the op's bfloat16 scales_and_zeros
- * [K/group, N, 2]. Bytes (torch's _convert_weight_to_int4pack_for_cpu, AVX512 builds): blocks of 64 output
- * channels, each [k][32] bytes; byte j holds channel j in its low nibble and channel j + 32 in its high one.
- * Products accumulate in float32 across all of K; each output is rounded to bfloat16 once.
- *
- * The caller pads K to a multiple of 32 and N to a multiple of 64; any M. Pointers are passed as integers
- * (tensor data_ptr()). AMX needs the kernel's permission to use tile data (arch_prctl ARCH_REQ_XCOMP_PERM),
- * asked once, by the first call of available() or of a kernel.
+ *   ql_amx_mm_weights (any even group; large M): the tiles hold bf16(fma(q, s, o - 8 s)), the weight rounded
+ *     to bfloat16 once, and chunks of ng channels x kc rows are reused across all of M.
+ * AMX needs the kernel's permission to use tile data (arch_prctl ARCH_REQ_XCOMP_PERM), asked once, by the
+ * first ql_amx_ready().
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#if defined(__x86_64__) && defined(__linux__)
+#include "int4.h"
+#if QL_X86
 #include <cpuid.h>
-#include <immintrin.h>
+#include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#define QL_AMX_BUILD 1
-#else
-#define QL_AMX_BUILD 0
-#endif
 
-#if QL_AMX_BUILD
-#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,fma")))
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,fma")))
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
@@ -49,24 +34,17 @@ static int cpu_has_amx_bf16(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
         return 0;
-    int avx512 = (b >> 16) & 1 && (b >> 30) & 1; /* AVX512F, AVX512BW */
+    int avx512 = (b >> 16) & 1 && (b >> 30) & 1 && (c >> 1) & 1; /* AVX512F, AVX512BW, AVX512_VBMI */
     int tile = (d >> 24) & 1, bf16 = (d >> 22) & 1;
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d))
         return 0;
     return avx512 && tile && bf16 && ((a >> 5) & 1); /* AVX512_BF16 */
 }
 
-static int amx_ready(void) {
+int ql_amx_ready(void) {
     if (amx_state < 0)
         amx_state = cpu_has_amx_bf16() && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
     return amx_state;
-}
-
-/* Scales and offsets of 16 channels from the op's interleaved [.., 2] bfloat16 pairs, as float32. */
-AMX_TARGET static inline void load_sz(const uint16_t *sz, __m512 *s, __m512 *off) {
-    __m512i u = _mm512_loadu_si512((const void *)sz); /* lane j: scale j (low half) | offset j << 16 */
-    *s = _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
-    *off = _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xFFFF0000u)));
 }
 
 /* Decode rows [k0, k0 + kc) of output channels [n0, n0 + ng) into buf: [kc/32][ng/16] tiles of [16][32] bf16,
@@ -261,140 +239,54 @@ AMX_TARGET static void mm_codes(const uint16_t *a, const float *rs, const uint8_
     }
 }
 
-/* Per-group row sums of x's first mr rows, float32 [mr][k/group]. */
-static void row_sums(const uint16_t *x, int64_t ldx, int64_t mr, int64_t k, int64_t group, float *rs) {
-    for (int64_t i = 0; i < mr; i++)
-        for (int64_t g = 0; g < k / group; g++) {
-            float t = 0.0f;
-            for (int64_t j = g * group; j < (g + 1) * group; j++) {
-                uint32_t u = (uint32_t)x[i * ldx + j] << 16;
-                float f;
-                memcpy(&f, &u, 4);
-                t += f;
-            }
-            rs[i * (k / group) + g] = t;
-        }
-}
-#endif
-
-static PyObject *available(PyObject *self, PyObject *args) {
-    (void)self;
-    (void)args;
-#if QL_AMX_BUILD
-    return PyBool_FromLong(amx_ready());
-#else
-    Py_RETURN_FALSE;
-#endif
+/* Per-group row sums of x's m rows, float32 [m][k/group]. */
+AMX_TARGET static void row_sums(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, int64_t group, float *rs) {
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t g = 0; g < k / group; g++)
+            rs[i * (k / group) + g] = sum_bf16(x + i * ldx + g * group, group);
 }
 
-#define INT4_ARGS "KKKKLLLLLL"
-#define INT4_DOC "(x, packed, scales_zeros, out, m, k, n, group, ldx, ldo"
-
-/* Shared argument checks; returns 0 and sets a Python error on failure. */
-static int check_args(long long m, long long k, long long n, long long group, long long ldx, long long ldo,
-                      const char *name) {
-#if QL_AMX_BUILD
-    if (!amx_ready()) {
-        PyErr_Format(PyExc_RuntimeError, "%s: this CPU or kernel offers no AMX-BF16 tiles", name);
-        return 0;
-    }
-#endif
-    if (m <= 0 || k <= 0 || k % 32 || n <= 0 || n % 64 || group <= 0 || group % 2 || k % group || ldx < k || ldo < n) {
-        PyErr_Format(PyExc_ValueError,
-                     "%s: expected M > 0, K %% 32 == 0, N %% 64 == 0, an even group dividing K, ldx >= K, ldo >= N; "
-                     "got M=%lld K=%lld N=%lld group=%lld ldx=%lld ldo=%lld", name, m, k, n, group, ldx, ldo);
-        return 0;
-    }
-    return 1;
-}
-
-static PyObject *int4_mm_weights(PyObject *self, PyObject *args) {
-    unsigned long long px, ppacked, psz, pout;
-    long long m, k, n, group, ldx, ldo, ng, kc;
-    (void)self;
-    if (!PyArg_ParseTuple(args, INT4_ARGS "LL", &px, &ppacked, &psz, &pout, &m, &k, &n, &group, &ldx,
-                          &ldo, &ng, &kc) || !check_args(m, k, n, group, ldx, ldo, "int4_mm_weights"))
-        return NULL;
-#if QL_AMX_BUILD
-    if (ng <= 0 || ng % 64 || kc <= 0 || kc % 32) {
-        PyErr_Format(PyExc_ValueError, "int4_mm_weights: expected ng %% 64 == 0 and kc %% 32 == 0, got ng=%lld kc=%lld", ng, kc);
-        return NULL;
-    }
+AMX_TARGET int ql_amx_mm_weights(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
+                      int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group, int64_t ng, int64_t kc) {
     ng = ng < n ? ng : n;
     kc = kc < k ? kc : k;
     const int64_t mp = (m + 15) / 16 * 16;
     uint16_t *a = aligned_alloc(64, (size_t)(mp * k * 2)), *buf = aligned_alloc(64, (size_t)(kc * ng * 2));
     float *c = aligned_alloc(64, (size_t)(mp * ng * 4));
-    if (a && buf && c) {
-        Py_BEGIN_ALLOW_THREADS
-        config_tiles();
-        pack_a((const uint16_t *)(uintptr_t)px, ldx, m, k, a);
-        mm_weights(a, (const uint8_t *)(uintptr_t)ppacked, (const uint16_t *)(uintptr_t)psz, (uint16_t *)(uintptr_t)pout, ldo, m, k, n, group, ng, kc, buf, c);
-        _tile_release();
-        Py_END_ALLOW_THREADS
-    }
     int ok = a && buf && c;
+    if (ok) {
+        config_tiles();
+        pack_a(x, ldx, m, k, a);
+        mm_weights(a, packed, sz, out, ldo, m, k, n, group, ng, kc, buf, c);
+        _tile_release();
+    }
     free(a);
     free(buf);
     free(c);
-    if (!ok)
-        return PyErr_NoMemory();
-    Py_RETURN_NONE;
-#else
-    PyErr_SetString(PyExc_RuntimeError, "int4_mm_weights: built without AMX support (x86-64 Linux only)");
-    return NULL;
-#endif
+    return ok ? 0 : -1;
 }
 
-static PyObject *int4_mm_codes(PyObject *self, PyObject *args) {
-    unsigned long long px, ppacked, psz, pout;
-    long long m, k, n, group, ldx, ldo;
-    (void)self;
-    if (!PyArg_ParseTuple(args, INT4_ARGS, &px, &ppacked, &psz, &pout, &m, &k, &n, &group, &ldx, &ldo) ||
-        !check_args(m, k, n, group, ldx, ldo, "int4_mm_codes"))
-        return NULL;
-#if QL_AMX_BUILD
-    if (group % 32) {
-        PyErr_Format(PyExc_ValueError, "int4_mm_codes: expected group %% 32 == 0, got group=%lld", group);
-        return NULL;
-    }
-    const uint16_t *x = (const uint16_t *)(uintptr_t)px;
+AMX_TARGET int ql_amx_mm_codes(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
+                    int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group) {
     const int64_t mp = (m + 15) / 16 * 16;
     uint16_t *a = aligned_alloc(64, (size_t)(mp * k * 2)), *buf = aligned_alloc(64, (size_t)(group * 64 * 2));
     float *rs = malloc((size_t)(m * (k / group) * 4)), *cg = aligned_alloc(64, 16 * 64 * 4),
           *acc = aligned_alloc(64, (size_t)(mp * 64 * 4));
     int ok = a && buf && rs && cg && acc;
     if (ok) {
-        Py_BEGIN_ALLOW_THREADS
         config_tiles();
         pack_a(x, ldx, m, k, a);
         row_sums(x, ldx, m, k, group, rs);
-        mm_codes(a, rs, (const uint8_t *)(uintptr_t)ppacked, (const uint16_t *)(uintptr_t)psz, (uint16_t *)(uintptr_t)pout, ldo, m, k, n, group, buf, cg, acc);
+        mm_codes(a, rs, packed, sz, out, ldo, m, k, n, group, buf, cg, acc);
         _tile_release();
-        Py_END_ALLOW_THREADS
     }
     free(a);
     free(buf);
     free(rs);
     free(cg);
     free(acc);
-    if (!ok)
-        return PyErr_NoMemory();
-    Py_RETURN_NONE;
-#else
-    PyErr_SetString(PyExc_RuntimeError, "int4_mm_codes: built without AMX support (x86-64 Linux only)");
-    return NULL;
-#endif
+    return ok ? 0 : -1;
 }
-
-static PyMethodDef methods[] = {
-    {"available", available, METH_NOARGS, "available(): True when this CPU and kernel let the process use AMX-BF16"},
-    {"int4_mm_weights", int4_mm_weights, METH_VARARGS,
-     "int4_mm_weights" INT4_DOC ", ng, kc): out = bf16(x @ W) on AMX, weight decoded with its scales in ng x kc chunks"},
-    {"int4_mm_codes", int4_mm_codes, METH_VARARGS,
-     "int4_mm_codes" INT4_DOC "): the same for group % 32 == 0, exact codes in the tiles, scales applied per group"},
-    {NULL, NULL, 0, NULL}};
-
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_amx", NULL, -1, methods, NULL, NULL, NULL, NULL};
-
-PyMODINIT_FUNC PyInit__amx(void) { return PyModule_Create(&module); }
+#else
+int ql_amx_ready(void) { return 0; }
+#endif

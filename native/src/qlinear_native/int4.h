@@ -1,0 +1,52 @@
+/* Shared pieces of qlinear's native int4 kernels (int4_amx.c, int4_mv.c, _int4.c).
+ *
+ * Weight: torch's int4pack CPU bytes (_convert_weight_to_int4pack_for_cpu, AVX512 builds): blocks of 64
+ * output channels, each [K][32] bytes; byte j holds channel j in its low nibble and channel j + 32 in its
+ * high one. Value, as the int4pack op means it: s * (q - 8) + o, with (s, o) the op's bfloat16
+ * scales_and_zeros [K/group, N, 2]. Activations and outputs are bfloat16 [M, ld]; products accumulate in
+ * float32 and each output is rounded to bfloat16 once. Callers pad K to a multiple of 32, N to 64.
+ */
+#ifndef QLINEAR_INT4_H
+#define QLINEAR_INT4_H
+#include <stdint.h>
+#include <string.h>
+#if defined(__x86_64__) && defined(__linux__)
+#include <immintrin.h>
+#define QL_X86 1
+#else
+#define QL_X86 0
+#endif
+
+#if QL_X86
+#define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,fma")))
+
+/* Scales and offsets of 16 channels from the op's interleaved [.., 2] bfloat16 pairs, as float32. */
+AVX512_TARGET static inline void load_sz(const uint16_t *sz, __m512 *s, __m512 *off) {
+    __m512i u = _mm512_loadu_si512((const void *)sz); /* lane j: scale j (low half) | offset j << 16 */
+    *s = _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+    *off = _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+/* Sum of n bfloat16 values (n % 16 == 0) in float32. */
+AVX512_TARGET static inline float sum_bf16(const uint16_t *x, int64_t n) {
+    __m512 t = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16)
+        t = _mm512_add_ps(t, _mm512_castsi512_ps(
+                                 _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + j))), 16)));
+    return _mm512_reduce_add_ps(t);
+}
+
+/* AMX-BF16 kernels (int4_amx.c). */
+int ql_amx_mm_codes(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
+                    int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group);
+int ql_amx_mm_weights(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
+                      int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group, int64_t ng, int64_t kc);
+/* AVX512-BF16 GEMV for one or two rows (int4_mv.c). */
+void ql_mv(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out, int64_t ldo,
+           int64_t m, int64_t k, int64_t n, int64_t group);
+#endif
+
+/* 1 when this CPU (and, for AMX, the OS) lets the kernels run; 0 elsewhere, including non-x86 builds. */
+int ql_amx_ready(void);
+int ql_mv_ready(void);
+#endif

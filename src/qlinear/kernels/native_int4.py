@@ -1,0 +1,95 @@
+"""int4pack weights times bfloat16 activations in qlinear's native extra (``pip install ./native``).
+
+``qlinear_native._int4`` reads the int4pack op's own tensors (its packed bytes in the 64-channel block
+layout and its ``[K/group, N, 2]`` scales and zero offsets), so a layer keeps no extra copy for them, and
+decodes the weight once per call (layout and arithmetic: the C sources' header comments). Three kernels:
+
+* ``int4_mv`` (AVX512-BF16 + VBMI, group a multiple of 32): dot products on exact bfloat16 codes, two rows
+  at a time; the choice up to ``MV_MAX_M`` rows.
+* ``int4_mm_codes`` (AMX-BF16, group a multiple of 32): exact codes in the tiles, each group's float32
+  product scaled after; cheapest decode, per-group scaling that grows with M: up to ``CODES_MAX_M`` rows.
+* ``int4_mm_weights`` (AMX-BF16, any even group): the tiles hold the weight rounded to bfloat16 once,
+  decoded in chunks of ``CHUNK`` (channels, K rows) and reused by every 16-row block: large M.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+import torch
+
+#: Largest M for ``int4_mv``, measured by ``python benchmarks/cpu_linear.py --crossover --reps 7`` (2026-12-02,
+#: one thread, this repo's AVX512-BF16/AMX CPU, torch 2.13; results/cpu_crossover-native-int4-2026-12-02.md),
+#: g128: M=1 mv 0.85 ms vs AMX codes 0.97 vs the int4pack op 0.98 (4096x4096), 2.58 vs 3.17 vs 3.29
+#: (4096x14336); M=2 mv 1.15 vs codes 0.91, 3.63 vs 2.89.
+MV_MAX_M = 1
+#: Largest M for ``int4_mm_codes``; above it ``int4_mm_weights``. Same run, codes vs weights ms: M=64 2.52 vs
+#: 3.06 (4096x4096), 9.63 vs 11.0 (4096x14336); M=128 4.89 vs 4.61, 17.2 vs 17.3.
+CODES_MAX_M = 64
+#: ``int4_mm_weights`` chunk: output channels x K rows decoded at once (128 KiB of bfloat16, in L2).
+#: Measured on 4096x14336, M=256: 256x256 28.6 ms; 64x256 32.8; 128x256 31.0; 64x4096 36.4.
+CHUNK = (256, 256)
+BF16 = torch.bfloat16
+
+
+class Kernel(Enum):
+    """One of the extra's kernels."""
+
+    MV = "int4_mv"
+    CODES = "int4_mm_codes"
+    WEIGHTS = "int4_mm_weights"
+
+
+def native_int4() -> Any:
+    """``qlinear_native._int4`` when it is installed and at least one of its kernels runs on this CPU, else
+    None (the int4pack op and the torch decode path run instead)."""
+    global _MODULE
+    if _MODULE is None:
+        try:
+            from qlinear_native import _int4
+        except ImportError:
+            _MODULE = False
+        else:
+            _MODULE = _int4 if _int4.amx_available() or _int4.mv_available() else False
+    return _MODULE or None
+
+
+_MODULE: Any = None
+
+
+def kernel_for(m: int, group: int, block: int, k_pad: int) -> Kernel | None:
+    """The native kernel for ``m`` rows of this weight, or None where none runs it (not installed, CPU
+    lacking, the op's bytes in another layout, K not a multiple of 32, or the group/M outside what the
+    available kernels take)."""
+    mod = native_int4()
+    if mod is None or block != 64 or k_pad % 32:
+        return None
+    exact = group % 32 == 0
+    if exact and m <= MV_MAX_M and mod.mv_available():
+        return Kernel.MV
+    if not mod.amx_available():
+        return None
+    return Kernel.CODES if exact and m <= CODES_MAX_M else Kernel.WEIGHTS
+
+
+def matmul(xb: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, group: int,
+           kernel: Kernel) -> torch.Tensor:
+    """``xb [M, K_pad]`` bfloat16 times the int4pack weight (``packed`` ``[N_pad/64, K_pad, 32]`` bytes or the
+    op's ``[N_pad, K_pad/2]``, ``scales_zeros [K_pad/group, N_pad, 2]`` bfloat16) -> ``[M, N_pad]`` bfloat16."""
+    mod = native_int4()
+    if mod is None:
+        raise RuntimeError("native_int4.matmul: the native extra is not available (pip install ./native on a CPU "
+                           "with AVX512-BF16 or AMX-BF16)")
+    xb = xb.contiguous()
+    m, k = xb.shape
+    n = scales_zeros.shape[1]
+    if xb.dtype != BF16 or packed.numel() * 2 != k * n or scales_zeros.shape != (k // group, n, 2):
+        raise ValueError(f"native_int4.matmul: expected bfloat16 x [M, K], {k * n // 2} packed bytes and "
+                         f"scales_zeros [{k // group}, {n}, 2]; got x {xb.dtype} {tuple(xb.shape)}, "
+                         f"{packed.numel()} bytes, scales_zeros {tuple(scales_zeros.shape)}")
+    sz = scales_zeros.contiguous()
+    out = torch.empty(m, n, dtype=BF16)
+    args = (xb.data_ptr(), packed.data_ptr(), sz.data_ptr(), out.data_ptr(), m, k, n, group, k, n)
+    getattr(mod, kernel.value)(*args, *(CHUNK if kernel is Kernel.WEIGHTS else ()))
+    return out
