@@ -136,12 +136,12 @@ def run_table(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], reps: in
     return "\n".join([*lines, "", "Targets:", *notes])
 
 
-def path_layers(k: int, n: int) -> tuple[QuantLinear, QuantLinear]:
-    """A 4-bit TorchAtenLinear and an 8-bit TorchInt8Linear of one random ``[n, k]`` weight (g128)."""
+def path_layers(k: int, n: int, group: int = 128) -> tuple[QuantLinear, QuantLinear]:
+    """A 4-bit TorchAtenLinear and an 8-bit TorchInt8Linear of one random ``[n, k]`` weight."""
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(1)) * 0.02
-    return (QuantLinear.create(quantize_rtn(w, bits=4, group_size=128), backend="gptq_torch_aten",
+    return (QuantLinear.create(quantize_rtn(w, bits=4, group_size=group), backend="gptq_torch_aten",
                                dtype=torch.bfloat16),
-            QuantLinear.create(quantize_rtn(w, bits=8, group_size=128), backend="gptq_torch_int8",
+            QuantLinear.create(quantize_rtn(w, bits=8, group_size=group), backend="gptq_torch_int8",
                                dtype=torch.bfloat16))
 
 
@@ -187,12 +187,13 @@ def last_win(ms: tuple[int, ...], wins: list[bool]) -> int:
 
 
 @torch.no_grad()
-def run_crossover(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], reps: int, budget_s: float) -> str:
+def run_crossover(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], reps: int, budget_s: float,
+                  group: int = 128) -> str:
     lines = ["| K x N | M | int4pack op ms | 4-bit decode + bf16 GEMM ms | native mv ms | native AMX codes ms | "
              "native AMX weights ms | int8pack op ms | 8-bit decode + bf16 GEMM ms |", "|" + "---|" * 9]
     found4, found8, mv, codes, lost = {}, {}, {}, {}, {}
     for k, n in shapes:
-        layers = path_layers(k, n)
+        layers = path_layers(k, n, group)
         rows = [time_paths(layers, m, reps, budget_s) for m in ms]
         lines += [f"| {k}x{n} | {m} | " + " | ".join(f"{t:.3g}" for t in r) + " |" for m, r in zip(ms, rows)]
         found4[(k, n)] = last_win(ms, [r[0] <= r[1] for r in rows])
@@ -215,6 +216,7 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--quick", action="store_true", help="one shape (4096x4096 unless --shapes), few repetitions")
     ap.add_argument("--crossover", action="store_true", help="int4pack op vs decode + bf16 GEMM per M")
     ap.add_argument("--shapes", help="KxN[,KxN...] (in x out)")
+    ap.add_argument("--group", type=int, default=128, help="group size of the --crossover layers (default 128)")
     ap.add_argument("--ms", help="M values, comma separated")
     ap.add_argument("--reps", type=int, help="most timed calls per cell (default 50, --quick 5)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: timings are per core)")
@@ -229,7 +231,8 @@ def main(argv: list[str] | None = None) -> str:
             f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; CPU: {cpu_name()}; "
             f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}); threads: {args.threads}; "
             f"median of up to {reps} calls"]
-    body = (run_crossover if args.crossover else run_table)(shapes, ms, reps, budget)
+    body = (run_crossover(shapes, ms, reps, budget, args.group) if args.crossover
+            else run_table(shapes, ms, reps, budget))
     text = "\n".join(head) + "\n" + body
     print(text)
     return text

@@ -67,17 +67,26 @@ def cpu_ms(fn: Callable[[], object], reps: int) -> float:
 
 def cpu_table(shapes: tuple, qtypes: tuple, ms: tuple, reps: int) -> str:
     """One thread. ``exact``: GGUFTorchLinear with float32 activations (decode + float32 GEMM); ``bf16``: the same
-    layer with bfloat16 activations, which routes small M to the int4pack op (``gguf_int4pack``); ``op`` and
-    ``decode``: the two bf16 routes timed on their own at every M (where the crossover ``MAX_M`` comes from)."""
+    layer with bfloat16 activations, which routes to the native extra's kernels where installed, else small M
+    to the int4pack op (``gguf_int4pack``); ``op`` and ``decode``: the op (native extra switched off) and the
+    decode route timed on their own at every M (where the crossover ``MAX_M`` comes from)."""
     import importlib.util
 
-    from qlinear.kernels import gguf_int4pack
+    from qlinear.kernels import gguf_int4pack, native_int4
+
+    def op_only(rt: gguf_int4pack.GGUFInt4Pack, xb: torch.Tensor, n: int) -> torch.Tensor:
+        saved, native_int4._MODULE = native_int4._MODULE, False
+        try:
+            return gguf_int4pack.matmul(rt, xb, n)
+        finally:
+            native_int4._MODULE = saved
+
     from qlinear.kernels.gguf_ggml import GGML_IDS, ggml_matmul
 
     torch.set_num_threads(1)
     have_ggml = importlib.util.find_spec("ggml") is not None
-    rows = ["| shape | qtype | M | exact fp32 ms | bf16 ms (route) | op ms | decode ms | ggml ms | dense bf16 ms "
-            "| bf16 / ggml | ggml / bf16 |", "| --- " * 11 + "|"]
+    rows = ["| shape | qtype | M | exact fp32 ms | bf16 ms (route) | op ms | native ms (kernel) | decode ms | ggml ms "
+            "| dense bf16 ms | bf16 / ggml | ggml / bf16 |", "| --- " * 12 + "|"]
     for k, n in shapes:
         dense = torch.randn(n, k, dtype=torch.bfloat16)
         for qt in qtypes:
@@ -90,14 +99,23 @@ def cpu_table(shapes: tuple, qtypes: tuple, ms: tuple, reps: int) -> str:
                 xb = x.to(torch.bfloat16)
                 t_exact = cpu_ms(lambda: exact(x), reps)  # noqa: B023
                 t_fast = cpu_ms(lambda: fast(xb), reps)  # noqa: B023
-                route = "op" if fast.uses_int4pack(xb) else "decode"
-                t_op = cpu_ms(lambda: gguf_int4pack.matmul(rt, xb, n), reps) if rt else float("nan")  # noqa: B023
-                t_dec = t_exact if route == "op" else t_fast  # the decode route computes in float32 either way
+                kernel = rt.native_kernel(m) if rt else None
+                route = ("decode" if not fast.uses_int4pack(xb) else f"native {kernel.value}" if kernel else "op")
+                t_op = cpu_ms(lambda: op_only(rt, xb, n), reps) if rt else float("nan")  # noqa: B023
+                t_nat, k_nat = float("nan"), "-"  # the extra's kernel for this M, whether or not the route takes it
+                kn = native_int4.kernel_for(m, 32, rt.block, rt.planes * rt.k_pad) if rt else None
+                if kn is not None:
+                    xk = torch.cat([xb, xb], 1) if rt.planes == 2 else xb
+                    xk = torch.nn.functional.pad(xk, (0, rt.planes * rt.k_pad - xk.shape[1]))
+                    t_nat = cpu_ms(lambda: native_int4.matmul(xk, rt.packed, rt.scales_zeros, 32, kn), reps)  # noqa: B023
+                    k_nat = kn.value
+                t_dec = t_fast if route == "decode" else t_exact  # the decode route computes in float32 either way
                 t_dense = cpu_ms(lambda: torch.nn.functional.linear(xb, dense), reps)  # noqa: B023
                 t_ggml = float("nan")
                 if have_ggml:
                     t_ggml = cpu_ms(lambda: ggml_matmul(raw, GGML_IDS[G.ggml_type(qt)], x, 1), reps)  # noqa: B023
                 rows.append(f"| {k}x{n} | {qt} | {m} | {t_exact:.2f} | {t_fast:.2f} ({route}) | {t_op:.2f} | "
+                            f"{t_nat:.2f} ({k_nat}) | "
                             f"{t_dec:.2f} | {t_ggml:.2f} | {t_dense:.2f} | {t_fast / t_ggml:.2f}x | "
                             f"{t_ggml / t_fast:.2f}x |")
     return "\n".join(rows)

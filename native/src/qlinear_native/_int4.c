@@ -97,9 +97,12 @@ static PyObject *int4_mv(PyObject *self, PyObject *args) {
     if (!parse(args, &a, "int4_mv", ql_mv_ready(), "AVX512-BF16 with AVX512-VBMI", 32, NULL, 0))
         return NULL;
 #if QL_X86
+    int rc;
     Py_BEGIN_ALLOW_THREADS
-    ql_mv(PTRS(a));
+    rc = ql_mv(PTRS(a));
     Py_END_ALLOW_THREADS
+    if (rc)
+        return PyErr_NoMemory();
 #endif
     Py_RETURN_NONE;
 }

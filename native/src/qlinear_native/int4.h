@@ -36,13 +36,21 @@ AVX512_TARGET static inline float sum_bf16(const uint16_t *x, int64_t n) {
     return _mm512_reduce_add_ps(t);
 }
 
+/* Per-group sums of x's m rows, float32 [m][k/group] (the zero-offset term of the exact-code kernels). */
+AVX512_TARGET static inline void row_sums(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, int64_t group,
+                                          float *rs) {
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t g = 0; g < k / group; g++)
+            rs[i * (k / group) + g] = sum_bf16(x + i * ldx + g * group, group);
+}
+
 /* AMX-BF16 kernels (int4_amx.c). */
 int ql_amx_mm_codes(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
                     int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group);
 int ql_amx_mm_weights(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
                       int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group, int64_t ng, int64_t kc);
 /* AVX512-BF16 GEMV for one or two rows (int4_mv.c). */
-void ql_mv(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out, int64_t ldo,
+int ql_mv(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out, int64_t ldo,
            int64_t m, int64_t k, int64_t n, int64_t group);
 #endif
 

@@ -239,13 +239,6 @@ AMX_TARGET static void mm_codes(const uint16_t *a, const float *rs, const uint8_
     }
 }
 
-/* Per-group row sums of x's m rows, float32 [m][k/group]. */
-AMX_TARGET static void row_sums(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, int64_t group, float *rs) {
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t g = 0; g < k / group; g++)
-            rs[i * (k / group) + g] = sum_bf16(x + i * ldx + g * group, group);
-}
-
 AMX_TARGET int ql_amx_mm_weights(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
                       int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group, int64_t ng, int64_t kc) {
     ng = ng < n ? ng : n;

@@ -9,6 +9,7 @@
 #include "int4.h"
 #if QL_X86
 #include <cpuid.h>
+#include <stdlib.h>
 
 #define PREFETCH (256 * 32) /* bytes ahead: 256 rows of a block; measured best of 32..256 rows on 4096x14336 */
 
@@ -22,10 +23,10 @@ int ql_mv_ready(void) {
     return base && ((a >> 5) & 1); /* AVX512_BF16 */
 }
 
-/* rows (1 or 2) of x times one 64-channel block, written to out[:, c0:c0+64]. */
-AVX512_TARGET static inline void mv_block(const uint16_t *x, int64_t ldx, const uint8_t *blk, const uint16_t *sz,
-                                          uint16_t *out, int64_t ldo, int rows, int64_t k, int64_t n, int64_t group,
-                                          int64_t c0, __m512i idx0, __m512i idx1) {
+/* rows (1 or 2) of x times one 64-channel block, written to out[:, c0:c0+64]; rs: the rows' per-group sums. */
+AVX512_TARGET static inline void mv_block(const uint16_t *x, int64_t ldx, const float *rs, const uint8_t *blk,
+                                          const uint16_t *sz, uint16_t *out, int64_t ldo, int rows, int64_t k,
+                                          int64_t n, int64_t group, int64_t c0, __m512i idx0, __m512i idx1) {
     const __m512i c43 = _mm512_set1_epi8(0x43), m4 = _mm512_set1_epi8(15);
     __m512 tot[2][4];
     for (int i = 0; i < 2; i++)
@@ -54,7 +55,7 @@ AVX512_TARGET static inline void mv_block(const uint16_t *x, int64_t ldx, const 
         }
         __m512 r[2];
         for (int i = 0; i < rows; i++)
-            r[i] = _mm512_set1_ps(sum_bf16(x + i * ldx + g * group, group));
+            r[i] = _mm512_set1_ps(rs[i * (k / group) + g]);
         for (int t = 0; t < 4; t++) {
             __m512 s, off;
             load_sz(sz + (g * n + c0 + 16 * t) * 2, &s, &off);
@@ -68,8 +69,8 @@ AVX512_TARGET static inline void mv_block(const uint16_t *x, int64_t ldx, const 
             _mm256_storeu_si256((__m256i *)(out + i * ldo + c0 + 16 * t), (__m256i)_mm512_cvtneps_pbh(tot[i][t]));
 }
 
-/* m rows (any m; two at a time) of x times the weight; group % 32 == 0. */
-AVX512_TARGET void ql_mv(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
+/* m rows (any m; two at a time) of x times the weight; group % 32 == 0. Returns -1 when out of memory. */
+AVX512_TARGET int ql_mv(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
                          int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group) {
     uint8_t ib[2][64]; /* byte 4c = q_k[c], 4c+1 = 0x43 (index 64: the constant), 4c+2 = q_k+1[c], 4c+3 = 0x43 */
     for (int h = 0; h < 2; h++)
@@ -80,14 +81,22 @@ AVX512_TARGET void ql_mv(const uint16_t *x, int64_t ldx, const uint8_t *packed, 
             ib[h][4 * c + 3] = 64;
         }
     const __m512i idx0 = _mm512_loadu_si512(ib[0]), idx1 = _mm512_loadu_si512(ib[1]);
+    const int64_t ng = k / group;
+    float *rs = malloc((size_t)(m * ng) * sizeof(float));
+    if (!rs)
+        return -1;
+    row_sums(x, ldx, m, k, group, rs);
     for (int64_t i = 0; i < m; i += 2)
         for (int64_t c0 = 0; c0 < n; c0 += 64) {
             const uint8_t *blk = packed + (c0 / 64) * k * 32;
+            const float *ri = rs + i * ng;
             if (m - i >= 2)
-                mv_block(x + i * ldx, ldx, blk, sz, out + i * ldo, ldo, 2, k, n, group, c0, idx0, idx1);
+                mv_block(x + i * ldx, ldx, ri, blk, sz, out + i * ldo, ldo, 2, k, n, group, c0, idx0, idx1);
             else
-                mv_block(x + i * ldx, ldx, blk, sz, out + i * ldo, ldo, 1, k, n, group, c0, idx0, idx1);
+                mv_block(x + i * ldx, ldx, ri, blk, sz, out + i * ldo, ldo, 1, k, n, group, c0, idx0, idx1);
         }
+    free(rs);
+    return 0;
 }
 #else
 int ql_mv_ready(void) { return 0; }

@@ -7,7 +7,8 @@ decodes the weight once per call (layout and arithmetic: the C sources' header c
 * ``int4_mv`` (AVX512-BF16 + VBMI, group a multiple of 32): dot products on exact bfloat16 codes, two rows
   at a time; the choice up to ``MV_MAX_M`` rows.
 * ``int4_mm_codes`` (AMX-BF16, group a multiple of 32): exact codes in the tiles, each group's float32
-  product scaled after; cheapest decode, per-group scaling that grows with M: up to ``CODES_MAX_M`` rows.
+  product scaled after; cheapest decode, per-group scaling that grows with M: up to ``CODES_MAX_M`` rows
+  (by group size).
 * ``int4_mm_weights`` (AMX-BF16, any even group): the tiles hold the weight rounded to bfloat16 once,
   decoded in chunks of ``CHUNK`` (channels, K rows) and reused by every 16-row block: large M.
 """
@@ -24,9 +25,12 @@ import torch
 #: g128: M=1 mv 0.85 ms vs AMX codes 0.97 vs the int4pack op 0.98 (4096x4096), 2.58 vs 3.17 vs 3.29
 #: (4096x14336); M=2 mv 1.15 vs codes 0.91, 3.63 vs 2.89.
 MV_MAX_M = 1
-#: Largest M for ``int4_mm_codes``; above it ``int4_mm_weights``. Same run, codes vs weights ms: M=64 2.52 vs
-#: 3.06 (4096x4096), 9.63 vs 11.0 (4096x14336); M=128 4.89 vs 4.61, 17.2 vs 17.3.
-CODES_MAX_M = 64
+#: Largest M for ``int4_mm_codes`` (above it ``int4_mm_weights``), by group size: each group's float32 tiles
+#: are scaled after, so small groups cost more per row. Same command; g128 (results/cpu_crossover-native-int4-
+#: 2026-12-02.md), codes vs weights ms: M=64 2.52 vs 3.06 (4096x4096), 9.63 vs 11.0 (4096x14336); M=128 4.89 vs
+#: 4.61, 17.2 vs 17.3. g32 (``--group 32``, results/cpu_crossover-native-int4-g32-2026-12-02.md): M=16 1.34
+#: vs 1.90, 5.0 vs 6.5; M=64 3.68 vs 2.71, 14.0 vs 9.79. A group between measured sizes takes the smaller's.
+CODES_MAX_M = {32: 16, 128: 64}
 #: ``int4_mm_weights`` chunk: output channels x K rows decoded at once (128 KiB of bfloat16, in L2).
 #: Measured on 4096x14336, M=256: 256x256 28.6 ms; 64x256 32.8; 128x256 31.0; 64x4096 36.4.
 CHUNK = (256, 256)
@@ -70,7 +74,12 @@ def kernel_for(m: int, group: int, block: int, k_pad: int) -> Kernel | None:
         return Kernel.MV
     if not mod.amx_available():
         return None
-    return Kernel.CODES if exact and m <= CODES_MAX_M else Kernel.WEIGHTS
+    return Kernel.CODES if exact and m <= codes_max_m(group) else Kernel.WEIGHTS
+
+
+def codes_max_m(group: int) -> int:
+    """``CODES_MAX_M`` for the largest measured group size not above ``group``."""
+    return CODES_MAX_M[max((g for g in CODES_MAX_M if g <= group), default=min(CODES_MAX_M))]
 
 
 def matmul(xb: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, group: int,
