@@ -64,6 +64,7 @@ AMX_TARGET static void decode_chunk(const uint8_t *packed, const uint16_t *sz,
         for (int64_t kk = k0; kk < k0 + kc; kk += 2) {
             int64_t g = kk / group;
             if (g != g_loaded) { /* scale and o = offset - 8 s for these 64 channels */
+                prefetch_sz(sz, g + SZ_AHEAD, k / group, n, c0);
                 for (int t = 0; t < 4; t++) {
                     __m512 off;
                     load_sz(sz + (g * n + c0 + 16 * t) * 2, &s[t], &off);
@@ -71,6 +72,7 @@ AMX_TARGET static void decode_chunk(const uint8_t *packed, const uint16_t *sz,
                 }
                 g_loaded = g;
             }
+            _mm_prefetch((const char *)(blk + kk * 32 + PREFETCH), _MM_HINT_T0);
             __m256i v0 = _mm256_loadu_si256((const __m256i *)(blk + kk * 32));
             __m256i v1 = _mm256_loadu_si256((const __m256i *)(blk + (kk + 1) * 32));
             __m256i q0[2] = {_mm256_and_si256(v0, nib), _mm256_and_si256(_mm256_srli_epi16(v0, 4), nib)};
@@ -211,8 +213,10 @@ AMX_TARGET static void mm_codes(const uint16_t *a, const float *rs, const uint8_
         const uint8_t *blk = packed + (c0 / 64) * k * 32;
         memset(acc, 0, (size_t)(m * 64 * 4));
         for (int64_t g = 0; g < ng; g++) {
+            prefetch_sz(sz, g + SZ_AHEAD, ng, n, c0);
             for (int64_t kk = g * group; kk < (g + 1) * group; kk += 2) {
                 const int64_t ks = (kk - g * group) / 32, r = (kk % 32) / 2;
+                _mm_prefetch((const char *)(blk + kk * 32 + PREFETCH), _MM_HINT_T0);
                 decode_raw_pair(blk + kk * 32, blk + (kk + 1) * 32, buf + (ks * 4 * 16 + r) * 32);
             }
             __m512 s[4], o[4];

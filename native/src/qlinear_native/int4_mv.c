@@ -4,14 +4,13 @@
  * Here one 64-byte load holds rows k and k+1 of a 64-channel block; VPERMI2B turns its nibbles straight
  * into bfloat16 pairs (128 + q_k, 128 + q_k+1) per channel (the byte 0x43 of bf16 128.0 comes from a
  * constant register), VDPBF16PS multiplies them by the activation pair, exactly, into float32; each group is
- * then scaled: y += s * acc_g + sum_g(x) * (o - 136 s). The weight stream is prefetched PREFETCH bytes ahead.
+ * then scaled: y += s * acc_g + sum_g(x) * (o - 136 s). The weight stream is prefetched (int4.h).
  */
 #include "int4.h"
 #if QL_X86
 #include <cpuid.h>
 #include <stdlib.h>
 
-#define PREFETCH (256 * 32) /* bytes ahead: 256 rows of a block; measured best of 32..256 rows on 4096x14336 */
 
 int ql_mv_ready(void) {
     unsigned a, b, c, d;
@@ -33,6 +32,7 @@ AVX512_TARGET static inline void mv_block(const uint16_t *x, int64_t ldx, const 
         for (int t = 0; t < 4; t++)
             tot[i][t] = _mm512_setzero_ps();
     for (int64_t g = 0; g < k / group; g++) {
+        prefetch_sz(sz, g + SZ_AHEAD, k / group, n, c0);
         __m512 acc[2][4];
         for (int i = 0; i < 2; i++)
             for (int t = 0; t < 4; t++)
