@@ -133,3 +133,24 @@ def test_missing_extra_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(RuntimeError, match="pip install ./native"):
         native_int4.matmul(torch.zeros(1, 64, dtype=BF16), torch.zeros(32, 64, dtype=torch.uint8),
                            torch.zeros(2, 64, 2, dtype=BF16), 32, Kernel.MV)
+
+
+def test_explain_says_how_the_layer_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Choice.runs``: the extra's kernels by M where installed, else the torch paths and the install command."""
+    from qlinear import QuantLinear, quantize_rtn
+
+    q = quantize_rtn(torch.randn(128, 256), bits=4, group_size=128)
+    layer = QuantLinear.create(q, format="gptq_v2", backend="gptq_torch_cpu_avx512", dtype=BF16)
+    text = layer.choice.explain()
+    assert "runs: " in text and layer.choice.to_dict()["runs"] == layer.choice.runs
+    if all(RUNS.values()):
+        assert layer.choice.runs.startswith(f"native int4_mv at M=1, int4_mm_codes (AMX) at M=2..{64}, "
+                                            "int4_mm_weights (AMX) at M=65 and above")
+    monkeypatch.setattr(native_int4, "_MODULE", False)
+    layer = QuantLinear.create(q, format="gptq_v2", backend="gptq_torch_cpu_avx512", dtype=BF16)
+    assert "the int4pack op up to M=" in layer.choice.runs and "pip install ./native" in layer.choice.runs
+    monkeypatch.setattr(native_int4, "_MODULE", None)
+    monkeypatch.setattr(mod, "amx_available", lambda: False)  # an AVX512-BF16 CPU without AMX (e.g. Zen 4)
+    if RUNS[Kernel.MV]:
+        assert native_int4.describe(128, 16).startswith("native int4_mv at M=1, then the int4pack op up to M=16")
+        assert native_int4.kernel_for(2, 128, 64, 4096) is None

@@ -25,7 +25,11 @@ def test_golden_fake_cpu_without_extras(golden) -> None:
     golden("explain_fake_cpu.txt", explain(problem(), Target.fake_cpu()).explain())
 
 
-def test_golden_this_machine(golden) -> None:
+def test_golden_this_machine(golden, monkeypatch: pytest.MonkeyPatch) -> None:
+    from qlinear.kernels import cpu_int4, native_int4
+
+    monkeypatch.setattr(native_int4, "_MODULE", False)  # the "runs:" line as without the optional native extra
+    monkeypatch.setattr(cpu_int4, "_NATIVE", False)
     golden("explain_this_machine.txt", explain(problem(), Target.here("cpu")).explain())
 
 

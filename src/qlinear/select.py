@@ -43,6 +43,7 @@ class Choice:
     verdicts: tuple[Verdict, ...]
     others: int = 0
     note: str = ""  # how the layer reached this kernel when not as stored (e.g. re-encoded at load)
+    runs: str = ""  # how the chosen kernel runs the layer here (its paths by M), from ``describe_runs``
 
     @property
     def backend(self) -> BACKEND | None:
@@ -67,8 +68,9 @@ class Choice:
         lines = [self.headline()]
         lines.append(f"chosen: {self.kernel.__name__} ({self.kernel.backend.value})" if self.kernel
                      else "chosen: none (no kernel can run this layer here)")
-        if self.note:
-            lines += textwrap.wrap(f"note: {self.note}", width or 1 << 30, subsequent_indent="      ")
+        for label, text in (("runs", self.runs), ("note", self.note)):
+            if text:
+                lines += textwrap.wrap(f"{label}: {text}", width or 1 << 30, subsequent_indent="      ")
         rows = [(("*" if v.kernel is self.kernel else " "), "-" if v.priority is None else str(v.priority),
                  v.kernel.backend.value, v.kernel.__name__, v) for v in self.verdicts]
         wb = max([len(r[2]) for r in rows] + [7])
@@ -94,6 +96,7 @@ class Choice:
             "chosen": None if self.kernel is None else {"class": self.kernel.__name__,
                                                         "backend": self.kernel.backend.value},
             "note": self.note,
+            "runs": self.runs,
             "candidates": [{"class": v.kernel.__name__, "backend": v.kernel.backend.value, "priority": v.priority,
                             "ok": v.ok, "reasons": list(v.reasons)} for v in self.verdicts],
         }
@@ -133,7 +136,8 @@ def select(problem: Problem, target: Target, backend: BACKEND | str = BACKEND.AU
         pool.sort(key=lambda k: k.caps.priority(fmt) is None)
         verdicts = tuple(_verdict(k, problem, target, auto=False) for k in pool)
     chosen = next((v.kernel for v in verdicts if v.ok), None)
-    choice = Choice(chosen, problem, target, backend, verdicts, others=len(kernels) - len(pool))
+    runs = chosen.describe_runs(problem, target) if chosen is not None else ""
+    choice = Choice(chosen, problem, target, backend, verdicts, others=len(kernels) - len(pool), runs=runs)
     if chosen is None:
         raise NoKernelError(choice)
     return choice

@@ -73,6 +73,12 @@ class QuantLinear(nn.Module):
         return []
 
     @classmethod
+    def describe_runs(cls, problem: Problem, target: Target) -> str:
+        """How this kernel would run ``problem`` on ``target`` (its paths by batch size, what an optional
+        extra would change), for ``explain()``; empty when there is one path and nothing to add."""
+        return ""
+
+    @classmethod
     def runtime_target_reasons(cls, target: Target) -> list[str]:
         """Kernel-specific facts about the target alone (CPU flags, exact device checks); also part of
         ``runtime_reasons`` by default."""

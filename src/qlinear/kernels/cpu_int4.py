@@ -207,6 +207,12 @@ class Int4PackMixin:
                     "(name this backend to accept bfloat16 accuracy)"]
         return []
 
+    @classmethod
+    def describe_runs(cls, problem: Problem, target: Target) -> str:
+        s = problem.scheme
+        group = op_group(s.group_size, s.in_features, s.channelwise) or s.group_size
+        return native_int4.describe(group, int4pack_max_m(s.in_features, s.out_features))
+
     def prepare(self) -> None:
         self._rt = build_runtime(self)
         super().prepare()

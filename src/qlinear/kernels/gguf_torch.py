@@ -17,7 +17,7 @@ import torch
 
 from ..affine import AffineWeight
 from ..caps import Problem
-from ..enums import BACKEND, FORMAT
+from ..enums import BACKEND, DEVICE, FORMAT
 from ..layouts import gguf
 from ..spec import Scheme
 from ..target import Target
@@ -156,6 +156,18 @@ class GGUFTorchLinear(GGUFQuantLinear):
     backend = BACKEND.GGUF_TORCH
     caps = _Declared.caps
     qtypes = _qtypes_for_bits(_Declared.caps.bits)
+
+    @classmethod
+    def describe_runs(cls, problem: Problem, target: Target) -> str:
+        name = str(problem.scheme.qtype or "")
+        exact = "blocks decoded tile by tile in each forward (float32 GEMM on CPU: exact)"
+        if problem.dtype != torch.bfloat16 or not gguf_int4pack.supported(name) or all(
+                d.kind is not DEVICE.CPU for d in target.devices):
+            return exact
+        planes = 1 if gguf_int4pack.AFFINE32_BITS[name] == 4 else 2
+        first = gguf_int4pack.TWO_PLANE_OP_MAX_M + 1 if planes == 2 else 1
+        how = native_int4.describe(32, gguf_int4pack.MAX_M[planes], first)
+        return f"bfloat16 on CPU: {name} as int4pack planes (per-32 scales in bfloat16): {how}; otherwise {exact}"
 
     def prepare(self) -> None:
         self._int4pack: gguf_int4pack.GGUFInt4Pack | None = None  # built on the first call that uses it

@@ -82,6 +82,36 @@ def codes_max_m(group: int) -> int:
     return CODES_MAX_M[max((g for g in CODES_MAX_M if g <= group), default=min(CODES_MAX_M))]
 
 
+def describe(group: int, op_max_m: int, native_from: int = 1) -> str:
+    """The paths by M for a weight with op group ``group``, or how to get the extra's (for ``explain()``).
+    ``op_max_m``: where the int4pack op hands over to decode + bfloat16 GEMM without the extra;
+    ``native_from``: the first M the caller gives the extra (below it, the op)."""
+    mod = native_int4()
+    without = f"the int4pack op up to M={op_max_m}, decode + bfloat16 GEMM above"
+    if mod is None:
+        return (f"{without}; the native extra (pip install ./native, a C compiler and an AVX512-BF16 or AMX "
+                "CPU) would decode once per call and run faster at every M")
+    exact = group % 32 == 0
+    ranges: list[tuple[str, int, int | None]] = []  # (kernel, first M, last M or None)
+    lo = native_from
+    if exact and mod.mv_available() and lo <= MV_MAX_M:
+        ranges.append((Kernel.MV.value, lo, MV_MAX_M))
+        lo = MV_MAX_M + 1
+    if mod.amx_available():
+        if exact and lo <= codes_max_m(group):
+            ranges.append((f"{Kernel.CODES.value} (AMX)", lo, codes_max_m(group)))
+            lo = codes_max_m(group) + 1
+        ranges.append((f"{Kernel.WEIGHTS.value} (AMX)", lo, None))
+    if not ranges:
+        return without
+    parts = [f"{name} at M={a}" + ("" if b == a else f"..{b}" if b else " and above") for name, a, b in ranges]
+    text = ("the int4pack op up to M=" + str(native_from - 1) + ", then " if native_from > 1 else "") + "native "
+    text += ", ".join(parts)
+    if ranges[-1][2] is not None:
+        text += f", then {without}"
+    return text + " (when the op packs 64-channel blocks and K is a multiple of 32)"
+
+
 def matmul(xb: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, group: int,
            kernel: Kernel) -> torch.Tensor:
     """``xb [M, K_pad]`` bfloat16 times the int4pack weight (``packed`` ``[N_pad/64, K_pad, 32]`` bytes or the
