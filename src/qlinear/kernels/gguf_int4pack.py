@@ -36,10 +36,6 @@ CHUNK_ROWS = 16 * N_BLOCK
 #: 4096x4096 Q4_0 at M=64, op 25.6 ms vs decode 58.7; Q8_0 (two planes) at M=32, 27.1 vs 31.9, at M=64,
 #: 52.4 vs 39.7.
 MAX_M = {1: 64, 2: 32}
-#: Two-plane types (Q5_0, Q5_1, Q8_0, Q5_K) keep the op up to this M even where the native extra runs.
-#: Measured by ``python benchmarks/gguf_linear.py --cpu --ms 1,2,4,16,64,256 --reps 7`` (one thread; its "op"
-#: and "native" columns; results/cpu-gguf_linear-native-2026-12-02.md).
-TWO_PLANE_OP_MAX_M = 2
 
 
 @dataclass(eq=False)
@@ -54,9 +50,8 @@ class GGUFInt4Pack:
     block: int  # channels per block of the op's packing when it is the [N/B, K, B/2] layout, else 0
 
     def native_kernel(self, m: int) -> native_int4.Kernel | None:
-        """The native extra's kernel for ``m`` rows of these planes, if one runs them and beats the op."""
-        if self.planes == 2 and m <= TWO_PLANE_OP_MAX_M:
-            return None
+        """The native extra's kernel for ``m`` rows of these planes, if one runs them (then faster than the op at
+        every M measured, one or two planes: ``benchmarks/gguf_linear.py --cpu``'s op and native columns)."""
         return native_int4.kernel_for(m, 32, self.block, self.planes * self.k_pad)
 
 

@@ -165,8 +165,7 @@ class GGUFTorchLinear(GGUFQuantLinear):
                 d.kind is not DEVICE.CPU for d in target.devices):
             return exact
         planes = 1 if gguf_int4pack.AFFINE32_BITS[name] == 4 else 2
-        first = gguf_int4pack.TWO_PLANE_OP_MAX_M + 1 if planes == 2 else 1
-        how = native_int4.describe(32, gguf_int4pack.MAX_M[planes], first)
+        how = native_int4.describe(32, gguf_int4pack.MAX_M[planes])
         return f"bfloat16 on CPU: {name} as int4pack planes (per-32 scales in bfloat16): {how}; otherwise {exact}"
 
     def prepare(self) -> None:

@@ -22,15 +22,15 @@ import torch
 
 #: Largest M for ``int4_mv``, measured by ``python benchmarks/cpu_linear.py --crossover --reps 7`` (2026-12-02,
 #: one thread, this repo's AVX512-BF16/AMX CPU, torch 2.13; results/cpu_crossover-native-int4-2026-12-02.md),
-#: g128: M=1 mv 0.85 ms vs AMX codes 0.97 vs the int4pack op 0.98 (4096x4096), 2.58 vs 3.17 vs 3.29
-#: (4096x14336); M=2 mv 1.15 vs codes 0.91, 3.63 vs 2.89.
+#: g128: M=1 mv 0.80 ms vs AMX codes 0.88 vs the int4pack op 0.96 (4096x4096), 2.43 vs 2.78 vs 2.97
+#: (4096x14336); M=2 mv 1.11 vs codes 0.86, 3.56 vs 2.91.
 MV_MAX_M = 1
 #: Largest M for ``int4_mm_codes`` (above it ``int4_mm_weights``), by group size: each group's float32 tiles
-#: are scaled after, so small groups cost more per row. Same command; g128 (results/cpu_crossover-native-int4-
-#: 2026-12-02.md), codes vs weights ms: M=64 2.52 vs 3.06 (4096x4096), 9.63 vs 11.0 (4096x14336); M=128 4.89 vs
-#: 4.61, 17.2 vs 17.3. g32 (``--group 32``, results/cpu_crossover-native-int4-g32-2026-12-02.md): M=16 1.34
-#: vs 1.90, 5.0 vs 6.5; M=64 3.68 vs 2.71, 14.0 vs 9.79. A group between measured sizes takes the smaller's.
-CODES_MAX_M = {32: 16, 128: 64}
+#: are scaled after, so small groups cost more per row. Same run, g128, codes vs weights ms: M=64 2.44 vs 2.87
+#: (4096x4096), 10.1 vs 10.7 (4096x14336); M=128 4.64 vs 4.43, 18.1 vs 15.9. g32 (``--group 32``,
+#: results/cpu_crossover-native-int4-g32-2026-12-02.md): M=32 2.13 vs 2.30, 7.6 vs 8.04; M=64 3.99 vs 2.97,
+#: 13.6 vs 10.2. A group between measured sizes takes the smaller's bound.
+CODES_MAX_M = {32: 32, 128: 64}
 #: ``int4_mm_weights`` chunk: output channels x K rows decoded at once (128 KiB of bfloat16, in L2).
 #: Measured on 4096x14336, M=256: 256x256 28.6 ms; 64x256 32.8; 128x256 31.0; 64x4096 36.4.
 CHUNK = (256, 256)
