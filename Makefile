@@ -20,8 +20,8 @@ $(STAMP): $(REQS)
 	# Optional: ggml itself for GGUFCppKernel (builds from source with cmake in about a minute). A failed
 	# build only makes its tests skip, with the install command in the reason.
 	$(BIN)/python -m pip install -q --no-deps ggml-python==0.0.45 || echo "warning: ggml-python did not build"
-	# Optional: qlinear's own native decode for the CPU int4 kernels (one C file, a few seconds with a C
-	# compiler); without it the torch-ops decode runs and its tests skip.
+	# Optional: qlinear's own native CPU int4 kernels (AVX512-BF16 / AMX, a few seconds with a C compiler);
+	# without them the torch paths run and their tests skip.
 	$(BIN)/python -m pip install -q ./native || echo "warning: qlinear-native did not build (no C compiler?)"
 	touch $(STAMP)
 

@@ -20,6 +20,7 @@ if mod is None:
     pytest.skip("needs the native extra (pip install ./native) on an AVX512-BF16 or AMX CPU", allow_module_level=True)
 BF16 = torch.bfloat16
 TOL = 8e-3
+NUM_THREADS = torch.get_num_threads()
 RUNS = {Kernel.MV: mod.mv_available(), Kernel.CODES: mod.amx_available(), Kernel.WEIGHTS: mod.amx_available()}
 
 
@@ -81,7 +82,25 @@ def test_weights_variant_takes_groups_the_others_cannot(group: int) -> None:
     assert rel(native_int4.matmul(x, packed, sz, group, Kernel.WEIGHTS), oracle(x, codes, sz, group)) < TOL
     for fn in (mod.int4_mm_codes, mod.int4_mv):
         with pytest.raises(ValueError, match=f"group % 32 == 0 dividing K.*group={group}"):
-            fn(x.data_ptr(), packed.data_ptr(), sz.data_ptr(), 0, 3, k, n, group, k, n)
+            fn(x.data_ptr(), packed.data_ptr(), sz.data_ptr(), 0, 3, k, n, group, k, n, 1)
+
+
+@pytest.mark.parametrize("kernel", list(Kernel), ids=lambda k: k.value)
+def test_threads_split_the_channels_exactly(kernel: Kernel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two and three threads (uneven shares of 64-channel blocks / 256-channel chunks) give the one-thread bits."""
+    runnable(kernel)
+    k, n, group = 256, 640, 64 if kernel is not Kernel.WEIGHTS else 32
+    codes, packed, sz = weight(k, n, group, True, 21)
+    x = torch.randn(37 if kernel is not Kernel.MV else 3, k).to(BF16)
+    torch.set_num_threads(1)
+    try:
+        one = native_int4.matmul(x, packed, sz, group, kernel)
+        for threads in (2, 3):
+            torch.set_num_threads(threads)
+            assert torch.equal(native_int4.matmul(x, packed, sz, group, kernel), one), threads
+    finally:
+        torch.set_num_threads(NUM_THREADS)
+    assert rel(one, oracle(x, codes, sz, group)) < TOL
 
 
 @pytest.mark.parametrize("chunk", [(64, 32), (128, 96), (64, 4096)])
@@ -105,7 +124,7 @@ def test_strided_input_and_output_are_honoured() -> None:
         fn = getattr(mod, kernel.value)
         extra = (64, 64) if kernel is Kernel.WEIGHTS else ()
         out.fill_(7.0)
-        fn(xw.data_ptr(), packed.data_ptr(), sz.data_ptr(), out.data_ptr(), m, k, n, group, k + 32, n + 64, *extra)
+        fn(xw.data_ptr(), packed.data_ptr(), sz.data_ptr(), out.data_ptr(), m, k, n, group, k + 32, n + 64, 1, *extra)
         assert rel(out[:, :n], oracle(xw[:, :k], codes, sz, group)) < TOL
         assert bool((out[:, n:] == 7.0).all())
 
@@ -113,13 +132,15 @@ def test_strided_input_and_output_are_honoured() -> None:
 def test_bad_sizes_are_refused_with_what_was_found() -> None:
     runnable(Kernel.CODES)
     with pytest.raises(ValueError, match=r"K % 32 == 0.*got M=1 K=48 N=64 group=16"):
-        mod.int4_mm_weights(0, 0, 0, 0, 1, 48, 64, 16, 48, 64, 64, 32)
+        mod.int4_mm_weights(0, 0, 0, 0, 1, 48, 64, 16, 48, 64, 1, 64, 32)
     with pytest.raises(ValueError, match=r"N % 64 == 0.*got M=1 K=64 N=96"):
-        mod.int4_mm_codes(0, 0, 0, 0, 1, 64, 96, 32, 64, 96)
+        mod.int4_mm_codes(0, 0, 0, 0, 1, 64, 96, 32, 64, 96, 1)
     with pytest.raises(ValueError, match=r"ldx >= K.*got M=1 K=64 N=64 group=32 ldx=32"):
-        mod.int4_mv(0, 0, 0, 0, 1, 64, 64, 32, 32, 64)
+        mod.int4_mv(0, 0, 0, 0, 1, 64, 64, 32, 32, 64, 1)
+    with pytest.raises(ValueError, match="expected threads >= 1, got 0"):
+        mod.int4_mv(0, 0, 0, 0, 1, 64, 64, 32, 64, 64, 0)
     with pytest.raises(ValueError, match="ng % 64 == 0 and kc % 32 == 0, got ng=32 kc=32"):
-        mod.int4_mm_weights(0, 0, 0, 0, 1, 64, 64, 32, 64, 64, 32, 32)
+        mod.int4_mm_weights(0, 0, 0, 0, 1, 64, 64, 32, 64, 64, 1, 32, 32)
     _, packed, sz = weight(64, 64, 32, False, 0)
     with pytest.raises(ValueError, match=r"expected bfloat16 x \[M, K\].*got x torch.float32"):
         native_int4.matmul(torch.randn(1, 64), packed, sz, 32, Kernel.CODES)

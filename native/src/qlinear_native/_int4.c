@@ -17,25 +17,30 @@ static PyObject *mv_available(PyObject *self, PyObject *args) {
     return PyBool_FromLong(ql_mv_ready());
 }
 
-#define INT4_ARGS "KKKKLLLLLL"
-#define INT4_DOC "(x, packed, scales_zeros, out, m, k, n, group, ldx, ldo"
+#define INT4_ARGS "KKKKLLLLLLi"
+#define INT4_DOC "(x, packed, scales_zeros, out, m, k, n, group, ldx, ldo, threads"
 
 typedef struct {
     unsigned long long x, packed, sz, out;
     long long m, k, n, group, ldx, ldo;
+    int threads;
 } int4_args;
 
 /* Parse and check the shared arguments (plus `extra` trailing long longs); 0 with a Python error on failure. */
 static int parse(PyObject *args, int4_args *a, const char *name, int ready, const char *missing, int group_mod,
                  long long *extra, int n_extra) {
     int ok = n_extra ? PyArg_ParseTuple(args, INT4_ARGS "LL", &a->x, &a->packed, &a->sz, &a->out, &a->m, &a->k, &a->n,
-                                        &a->group, &a->ldx, &a->ldo, &extra[0], &extra[1])
+                                        &a->group, &a->ldx, &a->ldo, &a->threads, &extra[0], &extra[1])
                      : PyArg_ParseTuple(args, INT4_ARGS, &a->x, &a->packed, &a->sz, &a->out, &a->m, &a->k, &a->n,
-                                        &a->group, &a->ldx, &a->ldo);
+                                        &a->group, &a->ldx, &a->ldo, &a->threads);
     if (!ok)
         return 0;
     if (!ready) {
         PyErr_Format(PyExc_RuntimeError, "%s: this CPU or OS offers no %s", name, missing);
+        return 0;
+    }
+    if (a->threads < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: expected threads >= 1, got %d", name, a->threads);
         return 0;
     }
     if (a->m <= 0 || a->k <= 0 || a->k % 32 || a->n <= 0 || a->n % 64 || a->group <= 0 || a->group % group_mod ||
@@ -51,7 +56,8 @@ static int parse(PyObject *args, int4_args *a, const char *name, int ready, cons
 
 #define PTRS(a)                                                                                                  \
     (const uint16_t *)(uintptr_t)(a).x, (a).ldx, (const uint8_t *)(uintptr_t)(a).packed,                          \
-        (const uint16_t *)(uintptr_t)(a).sz, (uint16_t *)(uintptr_t)(a).out, (a).ldo, (a).m, (a).k, (a).n, (a).group
+        (const uint16_t *)(uintptr_t)(a).sz, (uint16_t *)(uintptr_t)(a).out, (a).ldo, (a).m, (a).k, (a).n, (a).group, \
+        (a).threads
 
 static PyObject *int4_mm_codes(PyObject *self, PyObject *args) {
     int4_args a;

@@ -4,7 +4,8 @@
  * output channels, each [K][32] bytes; byte j holds channel j in its low nibble and channel j + 32 in its
  * high one. Value, as the int4pack op means it: s * (q - 8) + o, with (s, o) the op's bfloat16
  * scales_and_zeros [K/group, N, 2]. Activations and outputs are bfloat16 [M, ld]; products accumulate in
- * float32 and each output is rounded to bfloat16 once. Callers pad K to a multiple of 32, N to 64.
+ * float32 and each output is rounded to bfloat16 once. Callers pad K to a multiple of 32, N to 64. Each kernel
+ * splits the output channels over `threads` OpenMP threads (the caller passes torch's thread count).
  */
 #ifndef QLINEAR_INT4_H
 #define QLINEAR_INT4_H
@@ -16,6 +17,22 @@
 #else
 #define QL_X86 0
 #endif
+
+#ifdef _OPENMP
+#include <omp.h>
+#define QL_THREAD omp_get_thread_num()
+#define QL_THREADS omp_get_num_threads()
+#else
+#define QL_THREAD 0
+#define QL_THREADS 1
+#endif
+
+/* This thread's share [*lo, *hi) of `units` equal work units (inside a parallel region, or all of them). */
+static inline void thread_share(int64_t units, int64_t *lo, int64_t *hi) {
+    const int64_t t = QL_THREAD, nt = QL_THREADS;
+    *lo = units * t / nt;
+    *hi = units * (t + 1) / nt;
+}
 
 #if QL_X86
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,fma")))
@@ -62,12 +79,13 @@ AVX512_TARGET static inline void row_sums(const uint16_t *x, int64_t ldx, int64_
 
 /* AMX-BF16 kernels (int4_amx.c). */
 int ql_amx_mm_codes(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
-                    int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group);
+                    int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group, int threads);
 int ql_amx_mm_weights(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
-                      int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group, int64_t ng, int64_t kc);
+                      int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group, int threads, int64_t ng,
+                      int64_t kc);
 /* AVX512-BF16 GEMV for one or two rows (int4_mv.c). */
 int ql_mv(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out, int64_t ldo,
-           int64_t m, int64_t k, int64_t n, int64_t group);
+          int64_t m, int64_t k, int64_t n, int64_t group, int threads);
 #endif
 
 /* 1 when this CPU (and, for AMX, the OS) lets the kernels run; 0 elsewhere, including non-x86 builds. */

@@ -165,10 +165,11 @@ AMX_TARGET static void store_bf16(const float *c, int64_t m, int64_t ng, uint16_
 }
 
 /* Large M: weight chunks decoded with their scales (decode_chunk), reused by every 16- or 32-row block. */
-AMX_TARGET static void mm_weights(const uint16_t *a, const uint8_t *packed, const uint16_t *sz, uint16_t *out, int64_t ldo, int64_t m, int64_t k, int64_t n,
-                                   int64_t group, int64_t ng, int64_t kc, uint16_t *buf, float *c) {
+AMX_TARGET static void mm_weights(const uint16_t *a, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
+                                   int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group, int64_t ng, int64_t kc,
+                                   int64_t n_lo, int64_t n_hi, uint16_t *buf, float *c) {
     const int64_t a_block = (k / 32) * 512, mp = (m + 15) / 16 * 16;
-    for (int64_t n0 = 0; n0 < n; n0 += ng) {
+    for (int64_t n0 = n_lo; n0 < n_hi; n0 += ng) {
         const int64_t w = n - n0 < ng ? n - n0 : ng, nt = w / 16;
         for (int64_t k0 = 0; k0 < k; k0 += kc) {
             const int64_t kk = k - k0 < kc ? k - k0 : kc, steps = kk / 32;
@@ -206,10 +207,10 @@ AMX_TARGET static inline void decode_raw_pair(const uint8_t *r0, const uint8_t *
  * scaled after: y += s * C_g + rowsum_g(x) * (offset - 136 s). The decode is a few integer operations per 32
  * weights, done once per group and used by every 16-row block; only the first m rows are scaled. */
 AMX_TARGET static void mm_codes(const uint16_t *a, const float *rs, const uint8_t *packed, const uint16_t *sz,
-                                uint16_t *out, int64_t ldo, int64_t m, int64_t k, int64_t n,
-                                int64_t group, uint16_t *buf, float *cg, float *acc) {
+                                uint16_t *out, int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group,
+                                int64_t n_lo, int64_t n_hi, uint16_t *buf, float *cg, float *acc) {
     const int64_t ng = k / group, gsteps = group / 32, a_block = (k / 32) * 512;
-    for (int64_t c0 = 0; c0 < n; c0 += 64) {
+    for (int64_t c0 = n_lo; c0 < n_hi; c0 += 64) {
         const uint8_t *blk = packed + (c0 / 64) * k * 32;
         memset(acc, 0, (size_t)(m * 64 * 4));
         for (int64_t g = 0; g < ng; g++) {
@@ -243,19 +244,28 @@ AMX_TARGET static void mm_codes(const uint16_t *a, const float *rs, const uint8_
     }
 }
 
-AMX_TARGET int ql_amx_mm_weights(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
-                      int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group, int64_t ng, int64_t kc) {
+AMX_TARGET int ql_amx_mm_weights(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz,
+                                 uint16_t *out, int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group,
+                                 int threads, int64_t ng, int64_t kc) {
     ng = ng < n ? ng : n;
     kc = kc < k ? kc : k;
-    const int64_t mp = (m + 15) / 16 * 16;
-    uint16_t *a = aligned_alloc(64, (size_t)(mp * k * 2)), *buf = aligned_alloc(64, (size_t)(kc * ng * 2));
-    float *c = aligned_alloc(64, (size_t)(mp * ng * 4));
+    const int64_t mp = (m + 15) / 16 * 16, units = (n + ng - 1) / ng;
+    threads = threads < 1 ? 1 : threads > units ? (int)units : threads;
+    uint16_t *a = aligned_alloc(64, (size_t)(mp * k * 2)), *buf = aligned_alloc(64, (size_t)(threads * kc * ng * 2));
+    float *c = aligned_alloc(64, (size_t)(threads * mp * ng * 4));
     int ok = a && buf && c;
     if (ok) {
-        config_tiles();
         pack_a(x, ldx, m, k, a);
-        mm_weights(a, packed, sz, out, ldo, m, k, n, group, ng, kc, buf, c);
-        _tile_release();
+#pragma omp parallel num_threads(threads)
+        {
+            int64_t lo, hi;
+            thread_share(units, &lo, &hi);
+            const int64_t t = QL_THREAD;
+            config_tiles();
+            mm_weights(a, packed, sz, out, ldo, m, k, n, group, ng, kc, lo * ng, hi * ng < n ? hi * ng : n,
+                       buf + t * kc * ng, c + t * mp * ng);
+            _tile_release();
+        }
     }
     free(a);
     free(buf);
@@ -263,19 +273,28 @@ AMX_TARGET int ql_amx_mm_weights(const uint16_t *x, int64_t ldx, const uint8_t *
     return ok ? 0 : -1;
 }
 
-AMX_TARGET int ql_amx_mm_codes(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
-                    int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group) {
-    const int64_t mp = (m + 15) / 16 * 16;
-    uint16_t *a = aligned_alloc(64, (size_t)(mp * k * 2)), *buf = aligned_alloc(64, (size_t)(group * 64 * 2));
-    float *rs = malloc((size_t)(m * (k / group) * 4)), *cg = aligned_alloc(64, 16 * 64 * 4),
-          *acc = aligned_alloc(64, (size_t)(mp * 64 * 4));
+AMX_TARGET int ql_amx_mm_codes(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz,
+                               uint16_t *out, int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group,
+                               int threads) {
+    const int64_t mp = (m + 15) / 16 * 16, units = n / 64;
+    threads = threads < 1 ? 1 : threads > units ? (int)units : threads;
+    uint16_t *a = aligned_alloc(64, (size_t)(mp * k * 2)), *buf = aligned_alloc(64, (size_t)(threads * group * 64 * 2));
+    float *rs = malloc((size_t)(m * (k / group) * 4)), *cg = aligned_alloc(64, (size_t)(threads * 16 * 64 * 4)),
+          *acc = aligned_alloc(64, (size_t)(threads * mp * 64 * 4));
     int ok = a && buf && rs && cg && acc;
     if (ok) {
-        config_tiles();
         pack_a(x, ldx, m, k, a);
         row_sums(x, ldx, m, k, group, rs);
-        mm_codes(a, rs, packed, sz, out, ldo, m, k, n, group, buf, cg, acc);
-        _tile_release();
+#pragma omp parallel num_threads(threads)
+        {
+            int64_t lo, hi;
+            thread_share(units, &lo, &hi);
+            const int64_t t = QL_THREAD;
+            config_tiles();
+            mm_codes(a, rs, packed, sz, out, ldo, m, k, n, group, lo * 64, hi * 64, buf + t * group * 64,
+                     cg + t * 16 * 64, acc + t * mp * 64);
+            _tile_release();
+        }
     }
     free(a);
     free(buf);

@@ -71,7 +71,7 @@ AVX512_TARGET static inline void mv_block(const uint16_t *x, int64_t ldx, const 
 
 /* m rows (any m; two at a time) of x times the weight; group % 32 == 0. Returns -1 when out of memory. */
 AVX512_TARGET int ql_mv(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
-                         int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group) {
+                        int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group, int threads) {
     uint8_t ib[2][64]; /* byte 4c = q_k[c], 4c+1 = 0x43 (index 64: the constant), 4c+2 = q_k+1[c], 4c+3 = 0x43 */
     for (int h = 0; h < 2; h++)
         for (int c = 0; c < 16; c++) {
@@ -86,15 +86,22 @@ AVX512_TARGET int ql_mv(const uint16_t *x, int64_t ldx, const uint8_t *packed, c
     if (!rs)
         return -1;
     row_sums(x, ldx, m, k, group, rs);
-    for (int64_t i = 0; i < m; i += 2)
-        for (int64_t c0 = 0; c0 < n; c0 += 64) {
-            const uint8_t *blk = packed + (c0 / 64) * k * 32;
-            const float *ri = rs + i * ng;
-            if (m - i >= 2)
-                mv_block(x + i * ldx, ldx, ri, blk, sz, out + i * ldo, ldo, 2, k, n, group, c0, idx0, idx1);
-            else
-                mv_block(x + i * ldx, ldx, ri, blk, sz, out + i * ldo, ldo, 1, k, n, group, c0, idx0, idx1);
-        }
+    const int64_t units = n / 64;
+    threads = threads < 1 ? 1 : threads > units ? (int)units : threads;
+#pragma omp parallel num_threads(threads)
+    {
+        int64_t lo, hi;
+        thread_share(units, &lo, &hi);
+        for (int64_t i = 0; i < m; i += 2)
+            for (int64_t c0 = lo * 64; c0 < hi * 64; c0 += 64) {
+                const uint8_t *blk = packed + (c0 / 64) * k * 32;
+                const float *ri = rs + i * ng;
+                if (m - i >= 2)
+                    mv_block(x + i * ldx, ldx, ri, blk, sz, out + i * ldo, ldo, 2, k, n, group, c0, idx0, idx1);
+                else
+                    mv_block(x + i * ldx, ldx, ri, blk, sz, out + i * ldo, ldo, 1, k, n, group, c0, idx0, idx1);
+            }
+    }
     free(rs);
     return 0;
 }

@@ -2,7 +2,8 @@
 
 ``qlinear_native._int4`` reads the int4pack op's own tensors (its packed bytes in the 64-channel block
 layout and its ``[K/group, N, 2]`` scales and zero offsets), so a layer keeps no extra copy for them, and
-decodes the weight once per call (layout and arithmetic: the C sources' header comments). Three kernels:
+decodes the weight once per call (layout and arithmetic: the C sources' header comments), the output
+channels split over ``torch.get_num_threads()`` threads. Three kernels:
 
 * ``int4_mv`` (AVX512-BF16 + VBMI, group a multiple of 32): dot products on exact bfloat16 codes, two rows
   at a time; the choice up to ``MV_MAX_M`` rows.
@@ -129,6 +130,7 @@ def matmul(xb: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, g
                          f"{packed.numel()} bytes, scales_zeros {tuple(scales_zeros.shape)}")
     sz = scales_zeros.contiguous()
     out = torch.empty(m, n, dtype=BF16)
-    args = (xb.data_ptr(), packed.data_ptr(), sz.data_ptr(), out.data_ptr(), m, k, n, group, k, n)
+    args = (xb.data_ptr(), packed.data_ptr(), sz.data_ptr(), out.data_ptr(), m, k, n, group, k, n,
+            torch.get_num_threads())
     getattr(mod, kernel.value)(*args, *(CHUNK if kernel is Kernel.WEIGHTS else ()))
     return out
