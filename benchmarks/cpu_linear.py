@@ -176,6 +176,11 @@ def time_paths(layers: tuple[QuantLinear, QuantLinear], m: int, reps: int, budge
     return out
 
 
+def nanmin(values: list[float]) -> float:
+    """The smallest value that is not nan (inf when all are)."""
+    return min((v for v in values if v == v), default=float("inf"))
+
+
 def last_win(ms: tuple[int, ...], wins: list[bool]) -> int:
     """Largest M up to which the op won at every M (0: never)."""
     last = 0
@@ -197,9 +202,9 @@ def run_crossover(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], reps
         rows = [time_paths(layers, m, reps, budget_s) for m in ms]
         lines += [f"| {k}x{n} | {m} | " + " | ".join(f"{t:.3g}" for t in r) + " |" for m, r in zip(ms, rows)]
         found4[(k, n)] = last_win(ms, [r[0] <= r[1] for r in rows])
-        mv[(k, n)] = last_win(ms, [r[2] <= min(r[3:5]) for r in rows])
+        mv[(k, n)] = last_win(ms, [r[2] <= nanmin(r[3:5]) for r in rows])
         codes[(k, n)] = last_win(ms, [r[3] <= r[4] for r in rows])
-        lost[(k, n)] = [m for m, r in zip(ms, rows) if min(r[2:5]) > min(r[:2])]
+        lost[(k, n)] = [m for m, r in zip(ms, rows) if nanmin(r[2:5]) > min(r[:2])]
         found8[(k, n)] = last_win(ms, [r[5] <= r[6] for r in rows])
     native = cpu_int4.native_decoder() is not None
     table = cpu_int4.INT4PACK_MAX_M_NATIVE if native else cpu_int4.INT4PACK_MAX_M

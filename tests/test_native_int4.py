@@ -165,8 +165,9 @@ def test_explain_says_how_the_layer_runs(monkeypatch: pytest.MonkeyPatch) -> Non
     text = layer.choice.explain()
     assert "runs: " in text and layer.choice.to_dict()["runs"] == layer.choice.runs
     if all(RUNS.values()):
-        assert layer.choice.runs.startswith(f"native int4_mv at M=1, int4_mm_codes (AMX) at M=2..{64}, "
-                                            "int4_mm_weights (AMX) at M=65 and above")
+        assert layer.choice.runs.startswith("native int4_mv at M=1, int4_mm_codes (AMX) at M=2..64, "
+                                            "int4_mm_weights (AMX) at M=65..1024, then decode + bfloat16 "
+                                            "GEMM above")
     monkeypatch.setattr(native_int4, "_MODULE", False)
     layer = QuantLinear.create(q, format="gptq_v2", backend="gptq_torch_cpu_avx512", dtype=BF16)
     assert "the int4pack op up to M=" in layer.choice.runs and "pip install ./native" in layer.choice.runs

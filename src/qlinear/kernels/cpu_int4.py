@@ -211,22 +211,24 @@ class Int4PackMixin:
     def describe_runs(cls, problem: Problem, target: Target) -> str:
         s = problem.scheme
         group = op_group(s.group_size, s.in_features, s.channelwise) or s.group_size
-        return native_int4.describe(group, int4pack_max_m(s.in_features, s.out_features))
+        return native_int4.describe(group, int4pack_max_m(s.in_features, s.out_features),
+                                    native_to=native_int4.WEIGHTS_MAX_M)
 
     def prepare(self) -> None:
         self._rt = build_runtime(self)
         super().prepare()
 
     def path(self, m: int, grad: bool) -> Path:
-        """The path for ``m`` rows: the native extra where one of its kernels runs, else the op up to its
-        measured crossover, else decode + GEMM (also for gradients, which neither the op nor the extra has)."""
+        """The path for ``m`` rows: the native extra where one of its kernels runs (up to ``native_int4.
+        WEIGHTS_MAX_M``), else the op up to its measured crossover, else decode + GEMM (also for gradients,
+        which neither the op nor the extra has)."""
         rt = self._rt
         if grad:
             if not rt.block:
                 raise RuntimeError(f"{type(self).__name__}: gradients need the decode path, and this torch build "
                                    "packs int4 in a layout it cannot read; use backend gptq_torch / awq_torch")
             return Path.DECODE
-        if native_int4.kernel_for(m, rt.group, rt.block, rt.k_pad) is not None:
+        if m <= native_int4.WEIGHTS_MAX_M and native_int4.kernel_for(m, rt.group, rt.block, rt.k_pad) is not None:
             return Path.NATIVE
         if rt.op and (not rt.block or m <= int4pack_max_m(self.in_features, self.out_features)):
             return Path.OP

@@ -32,6 +32,14 @@ MV_MAX_M = 1
 #: results/cpu_crossover-native-int4-g32-2026-12-02.md): M=32 2.13 vs 2.30, 7.6 vs 8.04; M=64 3.99 vs 2.97,
 #: 13.6 vs 10.2. A group between measured sizes takes the smaller's bound.
 CODES_MAX_M = {32: 32, 128: 64}
+#: Largest M for ``int4_mm_weights`` where the caller also has decode + oneDNN's bfloat16 GEMM (the CPU
+#: GPTQ/AWQ kernels): above it that path's AMX GEMM, blocked for large M, wins. ``python benchmarks/
+#: cpu_linear.py --crossover --shapes 4096x4096,4096x14336 --ms 1024,2048,4096 --reps 3``
+#: (results/cpu_crossover-native-int4-large-m-2026-12-02.md), weights vs decode ms (4096x4096, 4096x14336):
+#: M=1024 27.8 vs 36.4, 111 vs 126; M=2048 77.3 vs 65.7, 223 vs 261 (an earlier run: 63.7 vs 65.8, 241 vs
+#: 237: a tie within noise); M=4096 162 vs 129, 528 vs 475. (GGUF's only other path is the exact float32
+#: decode, so it keeps the extra at every M.)
+WEIGHTS_MAX_M = 1024
 #: ``int4_mm_weights`` chunk: output channels x K rows decoded at once (128 KiB of bfloat16, in L2).
 #: Measured on 4096x14336, M=256: 256x256 28.6 ms; 64x256 32.8; 128x256 31.0; 64x4096 36.4.
 CHUNK = (256, 256)
@@ -83,10 +91,10 @@ def codes_max_m(group: int) -> int:
     return CODES_MAX_M[max((g for g in CODES_MAX_M if g <= group), default=min(CODES_MAX_M))]
 
 
-def describe(group: int, op_max_m: int, native_from: int = 1) -> str:
+def describe(group: int, op_max_m: int, native_from: int = 1, native_to: int | None = None) -> str:
     """The paths by M for a weight with op group ``group``, or how to get the extra's (for ``explain()``).
     ``op_max_m``: where the int4pack op hands over to decode + bfloat16 GEMM without the extra;
-    ``native_from``: the first M the caller gives the extra (below it, the op)."""
+    ``native_from`` / ``native_to``: the first and last M the caller gives the extra (None: every M above)."""
     mod = native_int4()
     without = f"the int4pack op up to M={op_max_m}, decode + bfloat16 GEMM above"
     if mod is None:
@@ -102,14 +110,14 @@ def describe(group: int, op_max_m: int, native_from: int = 1) -> str:
         if exact and lo <= codes_max_m(group):
             ranges.append((f"{Kernel.CODES.value} (AMX)", lo, codes_max_m(group)))
             lo = codes_max_m(group) + 1
-        ranges.append((f"{Kernel.WEIGHTS.value} (AMX)", lo, None))
+        ranges.append((f"{Kernel.WEIGHTS.value} (AMX)", lo, native_to))
     if not ranges:
         return without
     parts = [f"{name} at M={a}" + ("" if b == a else f"..{b}" if b else " and above") for name, a, b in ranges]
     text = ("the int4pack op up to M=" + str(native_from - 1) + ", then " if native_from > 1 else "") + "native "
     text += ", ".join(parts)
     if ranges[-1][2] is not None:
-        text += f", then {without}"
+        text += f", then {without if ranges[-1][2] != native_to else 'decode + bfloat16 GEMM above'}"
     return text + " (when the op packs 64-channel blocks and K is a multiple of 32)"
 
 
