@@ -30,7 +30,8 @@ TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 BITS = (2, 4, 8)
 GROUPS = (-1, 16, 32, 64, 128, 256, 1024)
 SHAPES = ((2048, 1536), (2144, 1000), (1056, 777), (4096, 512))  # K x N: K tails, odd and unaligned N
-M_VARIANT = ((1, "gemv"), (3, "gemv"), (16, "skinny"), (5, "skinny2"), (16, "skinny2"), (1, "skinny3"), (5, "skinny3"),
+M_VARIANT = ((1, "gemv"), (2, "gemv"), (3, "gemv"), (6, "gemv"),
+             (16, "skinny"), (5, "skinny2"), (16, "skinny2"), (1, "skinny3"), (5, "skinny3"),
              (16, "skinny3"), (33, "gemm"), (128, "gemm"), (33, "gemm2"), (128, "gemm2"), (1024, "dense"))
 
 

@@ -222,8 +222,8 @@ def candidates(variant: str, base: Config) -> list[Config]:
     if variant == "gemv":  # block_n follows num_warps (128 per warp: the body's layout contract)
         for w, bk, st in ((1, base.block_k, 2), (4, base.block_k, 2), (base.num_warps, base.block_k * 2, 2),
                           (base.num_warps, base.block_k, 3), (base.num_warps, max(1, base.block_k // 2), 2)):
-            out.append(Config(variant, 1, 128 * w, bk, base.split_k, w, st))
-        out += [Config(variant, 1, base.block_n, base.block_k, max(1, base.split_k * f), base.num_warps, 2)
+            out.append(Config(variant, base.block_m, 128 * w, bk, base.split_k, w, st))
+        out += [Config(variant, base.block_m, base.block_n, base.block_k, max(1, base.split_k * f), base.num_warps, 2)
                 for f in (0.5, 2)]
     else:
         for bn, bk, w, st in ((64, 128, 4, 3), (64, 256, 4, 3), (128, 64, 4, 3), (128, 64, 8, 4), (256, 64, 8, 3),

@@ -166,15 +166,17 @@ def affine_layer(qtype: G.GGMLType, n: int, k: int) -> tuple[GGUFTritonKernel, n
 
 
 @pytest.mark.parametrize("qtype", AFFINE_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize(("variant", "m", "dtype"), [("gemv", 3, torch.float16), ("skinny2", 7, torch.bfloat16),
-                                                     ("gemm2", 37, torch.float16), ("dense", 9, torch.bfloat16)])
+@pytest.mark.parametrize(("variant", "m", "dtype"), [("gemv", 3, torch.float16), ("gemv4", 5, torch.bfloat16),
+                                                     ("skinny2", 7, torch.bfloat16), ("gemm2", 37, torch.float16),
+                                                     ("dense", 9, torch.bfloat16)])
 def test_affine_runtime_variants_match_oracle(qtype: G.GGMLType, variant: str, m: int, dtype: torch.dtype) -> None:
     """K = 600: a partial 32-group (and for Q4_K a partial super-block) at the end; N = 37: odd columns."""
     from qlinear.kernels.triton.configs import Config
 
     lay, w64, b64 = affine_layer(qtype, 37, 600)
     assert lay.affine_packed() is not None and lay.affine_packed().offsets is not None
-    cfg = {"gemv": Config("gemv", 1, 32, 32, 3, 4, 1), "skinny2": Config("skinny2", 16, 32, 32, 2, 4, 1),
+    cfg = {"gemv": Config("gemv", 1, 32, 32, 3, 4, 1), "gemv4": Config("gemv", 4, 32, 32, 3, 4, 1),  # 4 rows a program
+           "skinny2": Config("skinny2", 16, 32, 32, 2, 4, 1),
            "gemm2": Config("gemm2", 32, 32, 32, 3, 4, 1), "dense": Config("dense", 1, 32, 32, 1, 4, 1)}[variant]
     x = torch.randn(m, 600, generator=torch.Generator().manual_seed(m)).to(dtype)
     y = lay.matmul(x, config=cfg)

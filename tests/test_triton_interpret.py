@@ -117,6 +117,19 @@ def test_gptq_variant_matches_oracle(case: tuple, variant: str) -> None:
     assert int(layer._rt_lock.abs().sum()) == 0  # split-K counters are left at zero for the next call
 
 
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("case", GPTQ, ids=lambda c: f"{c[1]}b-g{c[2]}{'-act' if c[4] else ''}-{str(c[8])[6:]}")
+def test_gemv_rows_per_program_match_oracle(case: tuple, rows: int) -> None:
+    """The GEMV with 1 and 4 rows per program (``block_m``; the forced config above has 2): M = 5 leaves a
+    partial last program (its rows past M re-read row M - 1 and are not stored), split-K included."""
+    layer, w64, b64 = gptq_layer(case)
+    cfg, _ = forced("gemv", case[1])
+    x = torch.randn(5, case[6], generator=torch.Generator().manual_seed(11)).to(case[8])
+    y = layer.matmul(x, config=replace(cfg, block_m=rows))
+    assert rel_err(y, x.double().numpy() @ w64.T + b64) < TOL[case[8]]
+    assert int(layer._rt_lock.abs().sum()) == 0
+
+
 @pytest.mark.parametrize("case", GPTQ[:4] + GPTQ[6:8], ids=lambda c: f"{c[1]}b-g{c[2]}{'-act' if c[4] else ''}")
 def test_gemv_prefetch_matches_oracle(case: tuple) -> None:
     """The gemv body with the next step's words loaded ahead (clamped rows, split-K tails included)."""
@@ -250,6 +263,9 @@ def test_configs_table_and_heuristics(monkeypatch: pytest.MonkeyPatch) -> None:
     assert configs.choose("other", 132, 1, 4096, 4096, 4, 128).variant == "gemv"
     cfg = configs.legal(configs.Config("gemv", 4, 64, 64, 999, 2, 2), 1, 4096, 4)
     assert (cfg.block_m, cfg.block_n, cfg.split_k) == (1, 256, 64)  # layout contract, split <= K steps
+    assert configs.legal(configs.Config("gemv", 4, 256, 64, 4, 2, 2), 3, 4096, 4).block_m == 4  # rows <= 4
+    assert configs.choose("H", 132, 3, 4096, 4096, 4, 128, "gemv").block_m == 4  # another bucket's entry
+    assert configs.choose("H", 132, 1, 4096, 4096, 4, 128, "gemv").block_m == 16  # the entry as measured
 
 
 def test_importing_qlinear_does_not_import_triton() -> None:

@@ -2,7 +2,8 @@
 
 A config is chosen per call from the flattened row count M. Variants, each with its own limits:
 
-* ``gemv``   split-K, multiply-reduce on CUDA cores, one row per program (M <= 2): memory bound, decode.
+* ``gemv``   split-K, multiply-reduce on CUDA cores, 1, 2 or 4 rows per program (``block_m``; rows share
+  each dequantized weight): memory bound, decode.
 * ``skinny`` split-K, ``tl.dot`` with a 16-row tile (M <= 16..64).
 * ``gemm``   tiled dequant-in-the-loop ``tl.dot`` (M up to ~512), split-K only when tiles are few.
 * ``skinny2``/``gemm2`` the same two roles in ``qmm2_kernel``: A contiguous (x in sorted order), B words
@@ -112,7 +113,7 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
             bk //= 2
         nkb = -(-k // bk)
         split = min(32, _split(-(-n // (128 * warps)), nkb, sms, 12, 2))
-        return Config("gemv", 1, 128 * warps, bk, split, warps, 2)
+        return Config("gemv", min(4, m_bucket(m)), 128 * warps, bk, split, warps, 2)
     if variant == "skinny":  # 64 columns x 4 warps: the dequantized tile feeds mma straight from registers
         bn = 64 if n >= 64 else 32
         nkb = -(-k // 128)
@@ -155,6 +156,7 @@ def choose(device: str, sms: int, m: int, n: int, k: int, bits: int, group: int,
     variant = variant or pick_variant(device, m, bits)
     table = _tables().get(device, {}).get("configs", {})
     entry = table.get(table_key(variant, m, n, k, bits, group))
+    exact = entry is not None
     if not entry:
         rest = table_key(variant, m, n, k, bits, group).split(":", 2)[2]
         near = [(abs(int(key.split(":")[1][2:]).bit_length() - m_bucket(m).bit_length()), key)
@@ -162,6 +164,8 @@ def choose(device: str, sms: int, m: int, n: int, k: int, bits: int, group: int,
         entry = table[min(near)[1]] if near else None
     if entry:
         fields = {f: entry[f] for f in Config.__dataclass_fields__ if f in entry and f != "variant"}
+        if variant == "gemv" and not exact:  # another bucket's entry: rows per program follow this M
+            fields["block_m"] = min(4, m_bucket(m))
         return Config(variant, **fields)
     return heuristic(variant, sms, m, n, k, bits, group)
 
@@ -170,7 +174,7 @@ def legal(cfg: Config, m: int, k: int, bits: int) -> Config:
     """Clamp a config to what the kernels accept for this call (powers of two, dot minimums, split range)."""
     pf = 32 // bits
     bk = max(cfg.block_k, pf, 16 * (cfg.variant in ("skinny", "gemm", "skinny2", "gemm2", "skinny3")))
-    bm = 1 if cfg.variant == "gemv" else max(16, cfg.block_m)
+    bm = min(4, max(1, cfg.block_m), m_bucket(m)) if cfg.variant == "gemv" else max(16, cfg.block_m)
     if cfg.variant == "gemv":  # the layout contract of the GEMV body
         cfg = replace(cfg, block_n=128 * cfg.num_warps)
     stages = cfg.num_stages

@@ -34,11 +34,20 @@ from .common import (
     load_words,
     load_x,
     load_x1,
+    stack2,
     store_split,
     tile_kpos,
 )
 from .configs import Config
 from .layout import Packed
+
+
+@triton.jit
+def rows_term(p, xs, s, o, HAS_OFF: tl.constexpr):
+    """One row's step of the multi-row GEMV: ``s * sum(q x) (+ o * sum(x))``, ``[1, BN]``."""
+    if HAS_OFF:
+        return p * s + tl.sum(xs, axis=0) * o
+    return p * s
 
 
 @triton.jit
@@ -61,10 +70,15 @@ def qmm_kernel(X, W, S, Z, OFF, PERM, BIAS, Y, PART, LOCK,
     per = tl.cdiv(nkb, SPLIT_K)
     kb0 = pid_k * per
     kb1 = tl.minimum(kb0 + per, nkb)
-    if USE_DOT:  # noqa: SIM108 (constexpr branch)
+    if USE_DOT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    else:  # one row per program
+    else:  # one row per program (acc), or 2 / 4 (macc); rows past M re-read row M - 1, never stored
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        macc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        m_0 = tl.minimum(pid_m * BLOCK_M, M - 1)
+        m_1 = tl.minimum(pid_m * BLOCK_M + 1, M - 1)
+        m_2 = tl.minimum(pid_m * BLOCK_M + 2, M - 1)
+        m_3 = tl.minimum(pid_m * BLOCK_M + 3, M - 1)
     if PREFETCH:  # words of the next step load while this one computes (a clamped row: always in range)
         w_next = load_words(W, tl.maximum(tl.minimum(kb0, nkb - 1), 0) * BKW + tl.arange(0, BKW), offs_n, KW, NP,
                             EVEN_K, EVEN_N)
@@ -84,7 +98,7 @@ def qmm_kernel(X, W, S, Z, OFF, PERM, BIAS, Y, PART, LOCK,
                        EVEN_K)
             b = dequant_tile(w, s, z, BITS, PF, X.dtype.element_ty)
             acc = tl.dot(a, b, acc)
-        else:
+        elif BLOCK_M == 1:
             # fields 0..PF/2-1 sit in the low half-word, the rest in the high one; see gemv_term.
             # Per weight: LOP3, FFMA (q - z), FFMA (* x); per word: the two halves.
             lo, hi = halves(w)
@@ -99,10 +113,43 @@ def qmm_kernel(X, W, S, Z, OFF, PERM, BIAS, Y, PART, LOCK,
                 acc += tl.sum(blk * s + o * xs[:, None], axis=0)
             else:
                 acc += tl.sum(blk * s, axis=0)  # rows live in one thread: register adds only
-    if USE_DOT:  # noqa: SIM108 (constexpr branch)
+        else:  # 2 or 4 rows share each dequantized term (q - z): LOP3 + FFMA once, then one FFMA per row
+            lo, hi = halves(w)
+            p0 = tl.zeros((1, BLOCK_N), dtype=tl.float32)
+            p1 = tl.zeros((1, BLOCK_N), dtype=tl.float32)
+            p2 = tl.zeros((1, BLOCK_N), dtype=tl.float32)
+            p3 = tl.zeros((1, BLOCK_N), dtype=tl.float32)
+            xs0 = tl.zeros((BKW,), dtype=tl.float32)
+            xs1 = tl.zeros((BKW,), dtype=tl.float32)
+            xs2 = tl.zeros((BKW,), dtype=tl.float32)
+            xs3 = tl.zeros((BKW,), dtype=tl.float32)
+            for j in tl.static_range(PF):
+                d = gemv_term(lo, hi, z, j, BITS, HALF)
+                kk = kpos(j, rows, R, PF)
+                x0 = load_x1(X, m_0, kk, K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
+                x1 = load_x1(X, m_1, kk, K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
+                p0 += tl.sum(d * x0[:, None], axis=0, keep_dims=True)
+                p1 += tl.sum(d * x1[:, None], axis=0, keep_dims=True)
+                xs0 += x0
+                xs1 += x1
+                if BLOCK_M == 4:
+                    x2 = load_x1(X, m_2, kk, K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
+                    x3 = load_x1(X, m_3, kk, K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
+                    p2 += tl.sum(d * x2[:, None], axis=0, keep_dims=True)
+                    p3 += tl.sum(d * x3[:, None], axis=0, keep_dims=True)
+                    xs2 += x2
+                    xs3 += x3
+            # the step lies in one group (the launcher's condition for BLOCK_M > 1): s, o are [1, BN]
+            step = stack2(rows_term(p0, xs0, s, o, HAS_OFF), rows_term(p1, xs1, s, o, HAS_OFF))
+            if BLOCK_M == 4:
+                step = stack2(step, stack2(rows_term(p2, xs2, s, o, HAS_OFF), rows_term(p3, xs3, s, o, HAS_OFF)))
+            macc += step
+    if USE_DOT:
         out = acc
-    else:
+    elif BLOCK_M == 1:
         out = acc[None, :]
+    else:
+        out = macc
     store_split(Y, BIAS, PART, LOCK, out, offs_m, offs_n, M, N, stride_ym, pid_m * tl.num_programs(1) + pid_n,
                 pid_k, SPLIT_K, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N)
 
@@ -206,6 +253,13 @@ def one_group(p: Packed, block_k: int) -> bool:
     return block_k <= p.rows_per_block * (32 // p.bits) or p.group % block_k == 0
 
 
+def gemv_rows(m: int, cfg: Config, p: Packed) -> int:
+    """Rows per GEMV program: 1, or 2 / 4 sharing each dequantized weight, which needs every K step inside
+    one group (so one scale row per step)."""
+    rows = min(4, max(1, cfg.block_m), 1 << (max(1, m) - 1).bit_length())
+    return rows if rows > 1 and one_group(p, cfg.block_k) else 1
+
+
 def lock_slots(n: int) -> int:
     """Split-K counters a layer keeps: enough for 32 M tiles of 16-column N tiles."""
     return 32 * -(-n // 16)
@@ -232,7 +286,7 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
     if use_dot and p.offsets is not None:
         raise ValueError(f"variant {cfg.variant} does not take additive offsets (GGUF minimums); use gemv, skinny2, "
                          "gemm2 or dense")
-    bm = cfg.block_m if use_dot else 1
+    bm = cfg.block_m if use_dot else gemv_rows(m, cfg, p)
     perm, kx = p.perm, p.k
     if use_dot and cfg.variant == "gemm" and perm is not None:
         x2, perm, kx = gather_cols(x2, p), None, p.kp
