@@ -111,7 +111,7 @@ def main() -> int:
             del common["HAS_PERM"]
             kern = compile_one(qmm2_kernel, common, cfg.num_warps, cfg.num_stages)
         else:
-            common.update(HAS_BIAS=False, BLOCK_M=cfg.block_m if variant != "gemv" else 1, SPLIT=cfg.split_k > 1,
+            common.update(HAS_BIAS=False, BLOCK_M=cfg.block_m, SPLIT=cfg.split_k > 1,
                           USE_DOT=variant != "gemv", EVEN_K=True, EVEN_N=True)
             kern = compile_one(qmm_kernel, common, cfg.num_warps, cfg.num_stages)
         sass = get_sass(kern.asm["cubin"])
