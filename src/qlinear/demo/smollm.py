@@ -112,7 +112,7 @@ def awq_copy(workdir: Path) -> tuple[nn.Module, float]:
 
 def run(max_new_tokens: int = 24) -> int:
     """The whole demo; returns an exit status."""
-    from ..hf_model import backend_summary, serve_gguf
+    from ..hf_model import backend_summary, from_pretrained, serve_gguf
 
     why = available()
     if why is not None:
@@ -128,9 +128,13 @@ def run(max_new_tokens: int = 24) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         gptq, secs = gptq_copy(fp32, Path(tmp))
         awq, secs_awq = awq_copy(Path(tmp))
+        # the same checkpoint with bfloat16 activations: AUTO then picks the CPU int4 kernels (the native
+        # extra's AVX512-BF16 / AMX kernels where installed), as a bfloat16 deployment would
+        gptq_bf16 = from_pretrained(Path(tmp) / "smollm2-gptq-4bit", dtype=torch.bfloat16)
     print(f"GPTQ 4-bit g128 (RTN + clip search) quantized, saved and reloaded in {secs:.1f} s; converted to AWQ "
           f"gemm and reloaded in {secs_awq:.1f} s")
-    variants = {"fp32": fp32, "GGUF-served": served, "GPTQ 4-bit": gptq, "AWQ 4-bit (from GPTQ)": awq}
+    variants = {"fp32": fp32, "GGUF-served": served, "GPTQ 4-bit": gptq, "AWQ 4-bit (from GPTQ)": awq,
+                "GPTQ 4-bit, bfloat16": gptq_bf16, "GGUF-served, bfloat16": from_pretrained(path, dtype=torch.bfloat16)}
     ids = prompt_ids(tok)
     text_ids = tok(TEXT, return_tensors="pt").input_ids
     print(f"prompt: {PROMPT!r}")
