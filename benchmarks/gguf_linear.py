@@ -32,7 +32,7 @@ QTYPES = ("Q4_0", "Q4_K", "Q8_0")
 SHAPES = ((4096, 4096), (4096, 14336))
 #: byte offsets of each type's float16 scale fields (d, dmin / m) within a block
 SCALE_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2),
-            "Q5_K": (0, 2), "Q6_K": (208,), "Q1_0": (0,), "Q1_0_G128": (0,)}
+            "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,), "Q1_0": (0,), "Q1_0_G128": (0,)}
 L2_BYTES = 60 << 20
 
 
@@ -101,13 +101,13 @@ def cpu_table(shapes: tuple, qtypes: tuple, ms: tuple, reps: int) -> str:
                 t_fast = cpu_ms(lambda: fast(xb), reps)  # noqa: B023
                 kernel = rt.native_kernel(m) if rt else None
                 route = ("decode" if not fast.uses_int4pack(xb) else f"native {kernel.value}" if kernel else "op")
-                t_op = cpu_ms(lambda: op_only(rt, xb, n), reps) if rt else float("nan")  # noqa: B023
+                t_op = cpu_ms(lambda: op_only(rt, xb, n), reps) if rt and rt.op else float("nan")  # noqa: B023
                 t_nat, k_nat = float("nan"), "-"  # the extra's kernel for this M, whether or not the route takes it
-                kn = native_int4.kernel_for(m, 32, rt.block, rt.planes * rt.k_pad) if rt else None
+                kn = native_int4.kernel_for(m, rt.group, rt.block, rt.planes * rt.k_pad) if rt else None
                 if kn is not None:
                     xk = torch.cat([xb, xb], 1) if rt.planes == 2 else xb
                     xk = torch.nn.functional.pad(xk, (0, rt.planes * rt.k_pad - xk.shape[1]))
-                    t_nat = cpu_ms(lambda: native_int4.matmul(xk, rt.packed, rt.scales_zeros, 32, kn), reps)  # noqa: B023
+                    t_nat = cpu_ms(lambda: native_int4.matmul(xk, rt.packed, rt.scales_zeros, rt.group, kn), reps)  # noqa: B023
                     k_nat = kn.value
                 t_dec = t_fast if route == "decode" else t_exact  # the decode route computes in float32 either way
                 t_dense = cpu_ms(lambda: torch.nn.functional.linear(xb, dense), reps)  # noqa: B023

@@ -14,12 +14,14 @@ import torch
 from qlinear.kernels import gguf_int4pack, native_int4
 from qlinear.kernels.gguf_torch import GGUFTorchLinear
 from qlinear.layouts import gguf
+from qlinear.layouts.gguf.affine16 import AFFINE16_BITS, affine16
 from qlinear.layouts.gguf.affine32 import AFFINE32_BITS, affine32
 
 gq = pytest.importorskip("gguf.quants", reason="needs the gguf package: pip install 'qlinear[gguf]'")
 from gguf import GGMLQuantizationType  # noqa: E402
 
 TYPES = sorted(AFFINE32_BITS)
+TYPES16 = sorted(AFFINE16_BITS)  # 16-value sub-blocks: planes with groups of 16, on the native extra only
 
 
 def encoded(qtype: str, n: int, k: int, seed: int) -> torch.Tensor:
@@ -39,6 +41,45 @@ def test_affine32_is_exactly_the_gguf_decode(qtype: str) -> None:
     assert codes.dtype == torch.uint8 and int(codes.max()) < 2 ** AFFINE32_BITS[qtype]
     w = codes.double().view(24, -1, 32) * scale.double()[..., None] + offset.double()[..., None]
     np.testing.assert_array_equal(w.view(24, k).numpy(), oracle(raw, qtype))
+
+
+@pytest.mark.parametrize("qtype", TYPES16)
+def test_affine16_is_exactly_the_gguf_decode(qtype: str) -> None:
+    raw = encoded(qtype, 24, 512, 1)
+    codes, scale, offset = affine16(raw, qtype, 512)
+    assert codes.dtype == torch.uint8 and int(codes.max()) < 2 ** AFFINE16_BITS[qtype] and scale.shape == (24, 32)
+    w = codes.double().view(24, -1, 16) * scale.double()[..., None] + offset.double()[..., None]
+    np.testing.assert_array_equal(w.view(24, 512).numpy(), oracle(raw, qtype))
+    with pytest.raises(ValueError, match="Q4_K: no 16-value affine form"):
+        affine16(raw, "Q4_K", 512)
+    with pytest.raises(ValueError, match=rf"qweight \({qtype}\): expected uint8 \[24, \d+\], got uint8 \[24, 7\]"):
+        affine16(raw[:, :7].contiguous(), qtype, 512)
+
+
+@pytest.mark.parametrize("qtype", TYPES16)
+def test_bf16_group16_types_run_on_the_native_extra(qtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Q2_K / Q3_K / Q6_K with bfloat16 activations: int4pack planes with per-16 scales on the native kernels
+    (GEMV at M=1, AMX above) against the float64 decode; without the extra, the exact decode as before."""
+    k, n = 512, 80
+    raw = encoded(qtype, n, k, 9)
+    lay = GGUFTorchLinear(gguf.scheme_for(qtype, k, n), dtype=torch.bfloat16)
+    lay.load_blocks(raw)
+    w64 = oracle(raw, qtype)
+    native = native_int4.native_int4() is not None
+    for m in (1, 5, 70):
+        x = torch.randn(m, k).to(torch.bfloat16)
+        assert lay.uses_int4pack(x) == (native and lay.int4pack_runtime().native_kernel(m) is not None)
+        ref = x.double().numpy() @ w64.T
+        err = np.abs(lay(x).double().numpy() - ref).max() / np.abs(ref).max()
+        assert err < 1e-2, f"{qtype} M={m}: relative error {err:.2e}"
+    if native:
+        rt = lay.int4pack_runtime()
+        assert rt.group == 16 and not rt.op and rt.planes == (2 if qtype == "Q6_K" else 1)
+    monkeypatch.setattr(native_int4, "_MODULE", False)
+    x = torch.randn(3, k).to(torch.bfloat16)
+    assert not lay.uses_int4pack(x)  # torch's op takes no group of 16: the exact decode
+    ref = x.double().numpy() @ w64.T
+    assert np.abs(lay(x).double().numpy() - ref).max() / np.abs(ref).max() < 1e-2
 
 
 def test_affine32_refuses_what_it_cannot_express() -> None:

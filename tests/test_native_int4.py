@@ -68,7 +68,8 @@ def test_kernel_choice_follows_the_measured_rule() -> None:
         pytest.skip("the rule below is for a CPU with AVX512-BF16, VBMI and AMX")
     pick = [native_int4.kernel_for(m, 128, 64, 4096) for m in (1, 2, 3, 64, 65)]
     assert pick == [Kernel.MV, Kernel.CODES, Kernel.CODES, Kernel.CODES, Kernel.WEIGHTS]
-    assert native_int4.kernel_for(1, 16, 64, 4096) is Kernel.WEIGHTS  # group 16: only the decoded weights
+    assert native_int4.kernel_for(1, 16, 64, 4096) is Kernel.MV  # group 16: the GEMV, else the decoded weights
+    assert native_int4.kernel_for(2, 16, 64, 4096) is Kernel.WEIGHTS
     assert native_int4.kernel_for(1, 128, 32, 4096) is None  # another build's packing
     assert native_int4.kernel_for(1, 16, 64, 4112) is None  # K not a multiple of 32
 
@@ -80,9 +81,13 @@ def test_weights_variant_takes_groups_the_others_cannot(group: int) -> None:
     codes, packed, sz = weight(k, n, group, True, group)
     x = torch.randn(3, k).to(BF16)
     assert rel(native_int4.matmul(x, packed, sz, group, Kernel.WEIGHTS), oracle(x, codes, sz, group)) < TOL
-    for fn in (mod.int4_mm_codes, mod.int4_mv):
-        with pytest.raises(ValueError, match=f"group % 32 == 0 dividing K.*group={group}"):
-            fn(x.data_ptr(), packed.data_ptr(), sz.data_ptr(), 0, 3, k, n, group, k, n, 1)
+    with pytest.raises(ValueError, match=f"group % 32 == 0 dividing K.*group={group}"):
+        mod.int4_mm_codes(x.data_ptr(), packed.data_ptr(), sz.data_ptr(), 0, 3, k, n, group, k, n, 1)
+    if group % 16:
+        with pytest.raises(ValueError, match=f"group % 16 == 0 dividing K.*group={group}"):
+            mod.int4_mv(x.data_ptr(), packed.data_ptr(), sz.data_ptr(), 0, 3, k, n, group, k, n, 1)
+    elif RUNS[Kernel.MV]:  # group 16: the GEMV takes it too
+        assert rel(native_int4.matmul(x, packed, sz, group, Kernel.MV), oracle(x, codes, sz, group)) < TOL
 
 
 @pytest.mark.parametrize("kernel", list(Kernel), ids=lambda k: k.value)
@@ -174,5 +179,6 @@ def test_explain_says_how_the_layer_runs(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(native_int4, "_MODULE", None)
     monkeypatch.setattr(mod, "amx_available", lambda: False)  # an AVX512-BF16 CPU without AMX (e.g. Zen 4)
     if RUNS[Kernel.MV]:
-        assert native_int4.describe(128, 16).startswith("native int4_mv at M=1, then the int4pack op up to M=16")
+        fallback = "the int4pack op up to M=16, decode + bfloat16 GEMM above"
+        assert native_int4.describe(128, fallback).startswith(f"native int4_mv at M=1, then {fallback}")
         assert native_int4.kernel_for(2, 128, 64, 4096) is None

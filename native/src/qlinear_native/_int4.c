@@ -100,7 +100,7 @@ static PyObject *int4_mm_weights(PyObject *self, PyObject *args) {
 static PyObject *int4_mv(PyObject *self, PyObject *args) {
     int4_args a;
     (void)self;
-    if (!parse(args, &a, "int4_mv", ql_mv_ready(), "AVX512-BF16 with AVX512-VBMI", 32, NULL, 0))
+    if (!parse(args, &a, "int4_mv", ql_mv_ready(), "AVX512-BF16 with AVX512-VBMI", 16, NULL, 0))
         return NULL;
 #if QL_X86
     int rc;

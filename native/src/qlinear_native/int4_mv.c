@@ -69,7 +69,7 @@ AVX512_TARGET static inline void mv_block(const uint16_t *x, int64_t ldx, const 
             _mm256_storeu_si256((__m256i *)(out + i * ldo + c0 + 16 * t), (__m256i)_mm512_cvtneps_pbh(tot[i][t]));
 }
 
-/* m rows (any m; two at a time) of x times the weight; group % 32 == 0. Returns -1 when out of memory. */
+/* m rows (any m; two at a time) of x times the weight; group % 16 == 0. Returns -1 when out of memory. */
 AVX512_TARGET int ql_mv(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
                         int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group, int threads) {
     uint8_t ib[2][64]; /* byte 4c = q_k[c], 4c+1 = 0x43 (index 64: the constant), 4c+2 = q_k+1[c], 4c+3 = 0x43 */

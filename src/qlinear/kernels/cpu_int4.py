@@ -211,8 +211,10 @@ class Int4PackMixin:
     def describe_runs(cls, problem: Problem, target: Target) -> str:
         s = problem.scheme
         group = op_group(s.group_size, s.in_features, s.channelwise) or s.group_size
-        return native_int4.describe(group, int4pack_max_m(s.in_features, s.out_features),
-                                    native_to=native_int4.WEIGHTS_MAX_M)
+        if not native_int4.native_int4():
+            op_max = int4pack_max_m(s.in_features, s.out_features)
+            return native_int4.describe(group, f"the int4pack op up to M={op_max}, decode + bfloat16 GEMM above")
+        return native_int4.describe(group, "decode + bfloat16 GEMM", native_to=native_int4.WEIGHTS_MAX_M)
 
     def prepare(self) -> None:
         self._rt = build_runtime(self)

@@ -164,9 +164,11 @@ class GGUFTorchLinear(GGUFQuantLinear):
         if problem.dtype != torch.bfloat16 or not gguf_int4pack.supported(name) or all(
                 d.kind is not DEVICE.CPU for d in target.devices):
             return exact
-        planes = 1 if gguf_int4pack.AFFINE32_BITS[name] == 4 else 2
-        how = native_int4.describe(32, gguf_int4pack.MAX_M[planes])
-        return f"bfloat16 on CPU: {name} as int4pack planes (per-32 scales in bfloat16): {how}; otherwise {exact}"
+        planes, group = gguf_int4pack.planes_of(name), gguf_int4pack.AFFINE[name][1]
+        fallback = ("the exact decode" if group < 32 else
+                    f"the int4pack op up to M={gguf_int4pack.MAX_M[planes]}, the exact decode above")
+        how = native_int4.describe(group, fallback)
+        return f"bfloat16 on CPU: {name} as int4pack planes (per-{group} scales in bfloat16): {how}; otherwise {exact}"
 
     def prepare(self) -> None:
         self._int4pack: gguf_int4pack.GGUFInt4Pack | None = None  # built on the first call that uses it
@@ -180,17 +182,17 @@ class GGUFTorchLinear(GGUFQuantLinear):
         return self._int4pack
 
     def uses_int4pack(self, x2: torch.Tensor) -> bool:
-        """Route this call to the int4pack planes? (CPU, bfloat16, an affine-32 type, and M at most ``MAX_M``
-        or a kernel of the native extra for this M.)"""
+        """Route this call to the int4pack planes? (CPU, bfloat16, an affine type, and M at most ``MAX_M`` for
+        the op's groups of 32, or a kernel of the native extra for this M.)"""
         name = self.qtype.name
         if (x2.device.type != "cpu" or x2.dtype != torch.bfloat16 or not gguf_int4pack.supported(name)
                 or (torch.is_grad_enabled() and x2.requires_grad) or self.out_features < 16
                 or not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")):
             return False
-        planes = 1 if gguf_int4pack.AFFINE32_BITS[name] == 4 else 2
-        if x2.shape[0] <= gguf_int4pack.MAX_M[planes]:
+        m, planes, group = x2.shape[0], gguf_int4pack.planes_of(name), gguf_int4pack.AFFINE[name][1]
+        if group >= 32 and m <= gguf_int4pack.MAX_M[planes]:
             return True
-        return native_int4.native_int4() is not None and self.int4pack_runtime().native_kernel(x2.shape[0]) is not None
+        return native_int4.native_int4() is not None and self.int4pack_runtime().native_kernel(m) is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)

@@ -5,7 +5,7 @@ layout and its ``[K/group, N, 2]`` scales and zero offsets), so a layer keeps no
 decodes the weight once per call (layout and arithmetic: the C sources' header comments), the output
 channels split over ``torch.get_num_threads()`` threads. Three kernels:
 
-* ``int4_mv`` (AVX512-BF16 + VBMI, group a multiple of 32): dot products on exact bfloat16 codes, two rows
+* ``int4_mv`` (AVX512-BF16 + VBMI, group a multiple of 16): dot products on exact bfloat16 codes, two rows
   at a time; the choice up to ``MV_MAX_M`` rows.
 * ``int4_mm_codes`` (AMX-BF16, group a multiple of 32): exact codes in the tiles, each group's float32
   product scaled after; cheapest decode, per-group scaling that grows with M: up to ``CODES_MAX_M`` rows
@@ -78,12 +78,11 @@ def kernel_for(m: int, group: int, block: int, k_pad: int) -> Kernel | None:
     mod = native_int4()
     if mod is None or block != 64 or k_pad % 32:
         return None
-    exact = group % 32 == 0
-    if exact and m <= MV_MAX_M and mod.mv_available():
+    if group % 16 == 0 and m <= MV_MAX_M and mod.mv_available():
         return Kernel.MV
     if not mod.amx_available():
         return None
-    return Kernel.CODES if exact and m <= codes_max_m(group) else Kernel.WEIGHTS
+    return Kernel.CODES if group % 32 == 0 and m <= codes_max_m(group) else Kernel.WEIGHTS
 
 
 def codes_max_m(group: int) -> int:
@@ -91,33 +90,30 @@ def codes_max_m(group: int) -> int:
     return CODES_MAX_M[max((g for g in CODES_MAX_M if g <= group), default=min(CODES_MAX_M))]
 
 
-def describe(group: int, op_max_m: int, native_from: int = 1, native_to: int | None = None) -> str:
+def describe(group: int, fallback: str, native_from: int = 1, native_to: int | None = None) -> str:
     """The paths by M for a weight with op group ``group``, or how to get the extra's (for ``explain()``).
-    ``op_max_m``: where the int4pack op hands over to decode + bfloat16 GEMM without the extra;
-    ``native_from`` / ``native_to``: the first and last M the caller gives the extra (None: every M above)."""
+    ``fallback``: what runs without the extra (a phrase); ``native_from`` / ``native_to``: the first and last M
+    the caller gives the extra (None: every M above)."""
     mod = native_int4()
-    without = f"the int4pack op up to M={op_max_m}, decode + bfloat16 GEMM above"
     if mod is None:
-        return (f"{without}; the native extra (pip install ./native, a C compiler and an AVX512-BF16 or AMX "
+        return (f"{fallback}; the native extra (pip install ./native, a C compiler and an AVX512-BF16 or AMX "
                 "CPU) would decode once per call and run faster at every M")
-    exact = group % 32 == 0
     ranges: list[tuple[str, int, int | None]] = []  # (kernel, first M, last M or None)
     lo = native_from
-    if exact and mod.mv_available() and lo <= MV_MAX_M:
+    if group % 16 == 0 and mod.mv_available() and lo <= MV_MAX_M:
         ranges.append((Kernel.MV.value, lo, MV_MAX_M))
         lo = MV_MAX_M + 1
     if mod.amx_available():
-        if exact and lo <= codes_max_m(group):
+        if group % 32 == 0 and lo <= codes_max_m(group):
             ranges.append((f"{Kernel.CODES.value} (AMX)", lo, codes_max_m(group)))
             lo = codes_max_m(group) + 1
         ranges.append((f"{Kernel.WEIGHTS.value} (AMX)", lo, native_to))
     if not ranges:
-        return without
+        return fallback
     parts = [f"{name} at M={a}" + ("" if b == a else f"..{b}" if b else " and above") for name, a, b in ranges]
-    text = ("the int4pack op up to M=" + str(native_from - 1) + ", then " if native_from > 1 else "") + "native "
-    text += ", ".join(parts)
+    text = (f"{fallback} up to M={native_from - 1}, then " if native_from > 1 else "") + "native " + ", ".join(parts)
     if ranges[-1][2] is not None:
-        text += f", then {without if ranges[-1][2] != native_to else 'decode + bfloat16 GEMM above'}"
+        text += f", then {fallback} above"
     return text + " (when the op packs 64-channel blocks and K is a multiple of 32)"
 
 
