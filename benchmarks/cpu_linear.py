@@ -27,6 +27,7 @@ import torch
 
 from qlinear import QuantLinear, quantize_rtn
 from qlinear.kernels import cpu_int4, cpu_int8, native_int4
+from qlinear.layouts.int4pack import OP_GROUP_SIZES
 
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))  # (in_features K, out_features N)
 MS = (1, 4, 16, 64, 256)
@@ -139,7 +140,8 @@ def run_table(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], reps: in
 def path_layers(k: int, n: int, group: int = 128) -> tuple[QuantLinear, QuantLinear]:
     """A 4-bit TorchAtenLinear and an 8-bit TorchInt8Linear of one random ``[n, k]`` weight."""
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(1)) * 0.02
-    return (QuantLinear.create(quantize_rtn(w, bits=4, group_size=group), backend="gptq_torch_aten",
+    backend = "gptq_torch_aten" if group in OP_GROUP_SIZES else "gptq_torch_cpu_avx512"  # g16: no op group
+    return (QuantLinear.create(quantize_rtn(w, bits=4, group_size=group), backend=backend,
                                dtype=torch.bfloat16),
             QuantLinear.create(quantize_rtn(w, bits=8, group_size=group), backend="gptq_torch_int8",
                                dtype=torch.bfloat16))
@@ -151,15 +153,18 @@ def time_paths(layers: tuple[QuantLinear, QuantLinear], m: int, reps: int, budge
     int4, int8 = layers
     x = torch.randn(m, int4.in_features, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
     out = []
+    int4.ensure_prepared()
     for path in (cpu_int4.Path.OP, cpu_int4.Path.DECODE):
         int4.path = lambda m, grad, path=path: path
-        out.append(median_ms(lambda: int4(x), reps, budget_s))
+        ok = path is not cpu_int4.Path.OP or int4._rt.op  # the op takes no group of 16
+        out.append(median_ms(lambda: int4(x), reps, budget_s) if ok else float("nan"))
     int4.path = lambda m, grad: cpu_int4.Path.NATIVE
     saved = native_int4.kernel_for
     mod = native_int4.native_int4()
     try:
-        for kernel, ok in ((native_int4.Kernel.MV, m <= 8 and mod and mod.mv_available()),
-                           (native_int4.Kernel.CODES, mod and mod.amx_available()),
+        group = int4._rt.group
+        for kernel, ok in ((native_int4.Kernel.MV, m <= 8 and mod and mod.mv_available() and group % 16 == 0),
+                           (native_int4.Kernel.CODES, mod and mod.amx_available() and group % 32 == 0),
                            (native_int4.Kernel.WEIGHTS, mod and mod.amx_available())):
             native_int4.kernel_for = lambda *a, kernel=kernel: kernel
             out.append(median_ms(lambda: int4(x), reps, budget_s) if ok else float("nan"))
@@ -204,6 +209,8 @@ def run_crossover(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], reps
         found4[(k, n)] = last_win(ms, [r[0] <= r[1] for r in rows])
         mv[(k, n)] = last_win(ms, [r[2] <= nanmin(r[3:5]) for r in rows])
         codes[(k, n)] = last_win(ms, [r[3] <= r[4] for r in rows])
+        mv_vs_weights = last_win(ms, [r[2] <= r[4] for r in rows])
+        lines.append(f"| {k}x{n} | mv beat int4_mm_weights up to M={mv_vs_weights} | | | | | | | |")
         lost[(k, n)] = [m for m, r in zip(ms, rows) if nanmin(r[2:5]) > min(r[:2])]
         found8[(k, n)] = last_win(ms, [r[5] <= r[6] for r in rows])
     native = cpu_int4.native_decoder() is not None

@@ -68,8 +68,8 @@ def test_kernel_choice_follows_the_measured_rule() -> None:
         pytest.skip("the rule below is for a CPU with AVX512-BF16, VBMI and AMX")
     pick = [native_int4.kernel_for(m, 128, 64, 4096) for m in (1, 2, 3, 64, 65)]
     assert pick == [Kernel.MV, Kernel.CODES, Kernel.CODES, Kernel.CODES, Kernel.WEIGHTS]
-    assert native_int4.kernel_for(1, 16, 64, 4096) is Kernel.MV  # group 16: the GEMV, else the decoded weights
-    assert native_int4.kernel_for(2, 16, 64, 4096) is Kernel.WEIGHTS
+    assert native_int4.kernel_for(3, 16, 64, 4096) is Kernel.MV  # group 16: the GEMV, else the decoded weights
+    assert native_int4.kernel_for(4, 16, 64, 4096) is Kernel.WEIGHTS
     assert native_int4.kernel_for(1, 128, 32, 4096) is None  # another build's packing
     assert native_int4.kernel_for(1, 16, 64, 4112) is None  # K not a multiple of 32
 

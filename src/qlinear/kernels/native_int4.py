@@ -26,6 +26,11 @@ import torch
 #: g128: M=1 mv 0.80 ms vs AMX codes 0.88 vs the int4pack op 0.96 (4096x4096), 2.43 vs 2.78 vs 2.97
 #: (4096x14336); M=2 mv 1.11 vs codes 0.86, 3.56 vs 2.91.
 MV_MAX_M = 1
+#: The same where ``int4_mm_codes`` cannot run (groups of 16: GPTQ g16, GGUF Q2_K/Q3_K/Q6_K), so the GEMV's
+#: rival is ``int4_mm_weights``: ``--crossover --group 16 --shapes 4096x14336 --ms 1,2,3,4,6 --reps 5``
+#: (results/cpu_crossover-native-int4-g16-2026-12-02.md), mv vs weights ms: M=2 3.76 vs 7.05, M=3 6.34 vs 7.01,
+#: M=4 7.25 vs 7.36 (a tie), M=6 11.1 vs 7.31.
+MV_MAX_M_WITHOUT_CODES = 3
 #: Largest M for ``int4_mm_codes`` (above it ``int4_mm_weights``), by group size: each group's float32 tiles
 #: are scaled after, so small groups cost more per row. Same run, g128, codes vs weights ms: M=64 2.44 vs 2.87
 #: (4096x4096), 10.1 vs 10.7 (4096x14336); M=128 4.64 vs 4.43, 18.1 vs 15.9. g32 (``--group 32``,
@@ -78,11 +83,16 @@ def kernel_for(m: int, group: int, block: int, k_pad: int) -> Kernel | None:
     mod = native_int4()
     if mod is None or block != 64 or k_pad % 32:
         return None
-    if group % 16 == 0 and m <= MV_MAX_M and mod.mv_available():
+    if group % 16 == 0 and m <= mv_max_m(group) and mod.mv_available():
         return Kernel.MV
     if not mod.amx_available():
         return None
     return Kernel.CODES if group % 32 == 0 and m <= codes_max_m(group) else Kernel.WEIGHTS
+
+
+def mv_max_m(group: int) -> int:
+    """Largest M for ``int4_mv``: further where the AMX codes kernel cannot take the group."""
+    return MV_MAX_M if group % 32 == 0 else MV_MAX_M_WITHOUT_CODES
 
 
 def codes_max_m(group: int) -> int:
@@ -100,9 +110,9 @@ def describe(group: int, fallback: str, native_from: int = 1, native_to: int | N
                 "CPU) would decode once per call and run faster at every M")
     ranges: list[tuple[str, int, int | None]] = []  # (kernel, first M, last M or None)
     lo = native_from
-    if group % 16 == 0 and mod.mv_available() and lo <= MV_MAX_M:
-        ranges.append((Kernel.MV.value, lo, MV_MAX_M))
-        lo = MV_MAX_M + 1
+    if group % 16 == 0 and mod.mv_available() and lo <= mv_max_m(group):
+        ranges.append((Kernel.MV.value, lo, mv_max_m(group)))
+        lo = mv_max_m(group) + 1
     if mod.amx_available():
         if group % 32 == 0 and lo <= codes_max_m(group):
             ranges.append((f"{Kernel.CODES.value} (AMX)", lo, codes_max_m(group)))
