@@ -88,7 +88,21 @@ int ql_mv(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t 
           int64_t m, int64_t k, int64_t n, int64_t group, int threads);
 #endif
 
-/* 1 when this CPU (and, for AMX, the OS) lets the kernels run; 0 elsewhere, including non-x86 builds. */
+#if QL_X86
+#include <cpuid.h>
+/* Does the OS save the AVX-512 state (XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM)? A CPU flag alone is not
+ * enough: a hypervisor can hide the state, and the first 512-bit instruction would then fault. */
+static inline int os_saves_avx512(void) {
+    unsigned a, b, c, d, lo, hi;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) /* OSXSAVE */
+        return 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    return (lo & 0xE6) == 0xE6;
+}
+#endif
+
+/* 1 when this CPU and the OS let the kernels run; 0 elsewhere, including non-x86 builds. */
 int ql_amx_ready(void);
 int ql_mv_ready(void);
 #endif

@@ -13,7 +13,6 @@
  */
 #include "int4.h"
 #if QL_X86
-#include <cpuid.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -38,7 +37,7 @@ static int cpu_has_amx_bf16(void) {
     int tile = (d >> 24) & 1, bf16 = (d >> 22) & 1;
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d))
         return 0;
-    return avx512 && tile && bf16 && ((a >> 5) & 1); /* AVX512_BF16 */
+    return avx512 && tile && bf16 && ((a >> 5) & 1) && os_saves_avx512(); /* AVX512_BF16 */
 }
 
 int ql_amx_ready(void) {

@@ -8,7 +8,6 @@
  */
 #include "int4.h"
 #if QL_X86
-#include <cpuid.h>
 #include <stdlib.h>
 
 
@@ -19,7 +18,7 @@ int ql_mv_ready(void) {
     int base = (b >> 16) & 1 && (b >> 30) & 1 && (b >> 31) & 1 && (c >> 1) & 1; /* F, BW, VL, VBMI */
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d))
         return 0;
-    return base && ((a >> 5) & 1); /* AVX512_BF16 */
+    return base && ((a >> 5) & 1) && os_saves_avx512(); /* AVX512_BF16 */
 }
 
 /* rows (1 or 2) of x times one 64-channel block, written to out[:, c0:c0+64]; rs: the rows' per-group sums. */
