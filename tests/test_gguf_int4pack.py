@@ -25,8 +25,22 @@ TYPES16 = sorted(AFFINE16_BITS)  # 16-value sub-blocks: planes with groups of 16
 
 
 def encoded(qtype: str, n: int, k: int, seed: int) -> torch.Tensor:
+    """Blocks from qlinear's ggml-exact encoders; IQ4_* (no encoder: ggml's search) are random bytes with a
+    small float16 ``d`` (random sub-block scales and indices)."""
+    if qtype.startswith("IQ4"):
+        info = gguf.type_info(qtype)
+        nb = -(-k // info.block_size)
+        raw = torch.randint(0, 256, (n * nb, info.type_size), dtype=torch.uint8,
+                            generator=torch.Generator().manual_seed(seed))
+        raw[:, 0:2] = torch.from_numpy(np.full(n * nb, 2e-3, np.float16).view(np.uint8).reshape(-1, 2))
+        return raw.reshape(n, nb * info.type_size)
     w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.05
     return torch.from_numpy(gguf.quantize(w, qtype))
+
+
+def k_for(qtype: str) -> int:
+    """K for a test layer: whole 256-value super-blocks for K-quants and IQ4_XS, else a partial-free 160."""
+    return 512 if qtype.endswith("_K") or qtype == "IQ4_XS" else 160
 
 
 def oracle(raw: torch.Tensor, qtype: str) -> np.ndarray:
@@ -35,7 +49,7 @@ def oracle(raw: torch.Tensor, qtype: str) -> np.ndarray:
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_affine32_is_exactly_the_gguf_decode(qtype: str) -> None:
-    k = 512 if qtype.endswith("_K") else 160
+    k = k_for(qtype)
     raw = encoded(qtype, 24, k, 0)
     codes, scale, offset = affine32(raw, qtype, k)
     assert codes.dtype == torch.uint8 and int(codes.max()) < 2 ** AFFINE32_BITS[qtype]
@@ -92,7 +106,7 @@ def test_affine32_refuses_what_it_cannot_express() -> None:
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("n", [80, 128])  # 80: output channels padded to the op's 64-channel block
 def test_bf16_small_m_runs_the_op_and_matches_float64(qtype: str, n: int) -> None:
-    k = 512 if qtype.endswith("_K") else 160
+    k = k_for(qtype)
     raw = encoded(qtype, n, k, n)
     lay = GGUFTorchLinear(gguf.scheme_for(qtype, k, n), bias=True, dtype=torch.bfloat16)
     bias = torch.randn(n) * 0.1

@@ -4,8 +4,10 @@ Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 blocks are 32 values with one scale (and min); Q
 are eight 32-value sub-blocks, each with ``d * sc`` and ``-dmin * m``. ``affine32`` returns, per 32 values,
 unsigned codes (0 .. 2**bits - 1), a float32 scale and a float32 offset such that ``scale * code + offset``
 equals ``gguf.dequantize`` exactly (every product and sum below is exact in float32, or is the same
-operation the decoder performs). Types with 16-value sub-blocks (Q2_K, Q3_K, Q6_K) or non-affine codes
-(IQ4_*) have no such form.
+operation the decoder performs). IQ4_NL and IQ4_XS index a 16-entry table of integers in -127..113, so
+``d * kv[q]`` is the 8-bit code ``kv[q] + 128`` with scale ``d`` and offset ``-128 * d`` (the form of Q8_0;
+``d * kv`` needs at most 24 significant bits, so the decoder's float32 product is exact too). Types with
+16-value sub-blocks (Q2_K, Q3_K, Q6_K) have the 16-value form of ``affine16``.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from __future__ import annotations
 import torch
 
 from .blocks import bit_planes, f16_field, nibbles
+from .iq import KVALUES_IQ4NL, iq4_xs_scales
 from .kquants import kquant_scale_min
 from .legacy import _codes4, _codes5
 
 #: qtype name -> bits of its unsigned codes (signed types are shifted: Q8_0 codes are q + 128).
-AFFINE32_BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K": 5}
+AFFINE32_BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K": 5, "IQ4_NL": 8,
+                 "IQ4_XS": 8}
 
 
 def _legacy(blocks: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -44,6 +48,19 @@ def _kquant(blocks: torch.Tensor, five: bool) -> tuple[torch.Tensor, torch.Tenso
     return q.reshape(nb * 8, 32), (d * sc.float()).reshape(-1, 1), (-(dmin * mn.float())).reshape(-1, 1)
 
 
+def _iq4(blocks: torch.Tensor, xs: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Table values as 8-bit codes ``kv[q] + 128``; scale per 32: ``d`` (IQ4_NL) or ``d * (ls - 32)`` (IQ4_XS)."""
+    table = torch.tensor(KVALUES_IQ4NL, dtype=torch.int16) + 128
+    if xs:
+        nb = blocks.shape[0]
+        q = nibbles(blocks[:, 8:136].reshape(nb, 8, 16)).reshape(nb * 8, 32)
+        scale = iq4_xs_scales(blocks).reshape(-1, 1)
+    else:
+        q = nibbles(blocks[:, 2:18]).reshape(-1, 32)
+        scale = f16_field(blocks, 0).reshape(-1, 1)
+    return table[q.long()].to(torch.uint8), scale, -128 * scale
+
+
 def affine32(qweight: torch.Tensor, qtype: str, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``uint8 [N, row_bytes]`` GGML rows -> ``codes uint8 [N, Kp]``, ``scale [N, Kp/32]``, ``offset [N, Kp/32]``.
 
@@ -61,6 +78,11 @@ def affine32(qweight: torch.Tensor, qtype: str, k: int) -> tuple[torch.Tensor, t
         raise ValueError(f"qweight ({qtype}): expected uint8 [{n}, {nb * size}], got "
                          f"{str(qweight.dtype).removeprefix('torch.')} {list(qweight.shape)}")
     blocks = qweight.reshape(n * nb, size)
-    codes, scale, offset = (_kquant(blocks, qtype == "Q5_K") if qtype.endswith("_K") else _legacy(blocks, qtype))
+    if qtype.startswith("IQ4"):
+        codes, scale, offset = _iq4(blocks, qtype == "IQ4_XS")
+    elif qtype.endswith("_K"):
+        codes, scale, offset = _kquant(blocks, qtype == "Q5_K")
+    else:
+        codes, scale, offset = _legacy(blocks, qtype)
     groups = nb * block // 32
     return codes.reshape(n, groups * 32), scale.reshape(n, groups), offset.reshape(n, groups)
