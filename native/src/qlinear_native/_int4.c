@@ -59,29 +59,19 @@ static int parse(PyObject *args, int4_args *a, const char *name, int ready, cons
         (const uint16_t *)(uintptr_t)(a).sz, (uint16_t *)(uintptr_t)(a).out, (a).ldo, (a).m, (a).k, (a).n, (a).group, \
         (a).threads
 
-static PyObject *int4_mm_codes(PyObject *self, PyObject *args) {
-    int4_args a;
-    (void)self;
-    if (!parse(args, &a, "int4_mm_codes", ql_amx_ready(), "AMX-BF16 tiles", 32, NULL, 0))
-        return NULL;
-#if QL_X86
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ql_amx_mm_codes(PTRS(a));
-    Py_END_ALLOW_THREADS
-    if (rc)
-        return PyErr_NoMemory();
-#endif
-    Py_RETURN_NONE;
-}
+typedef enum { MM_CODES, MM_WEIGHTS, MV } kernel_id;
 
-static PyObject *int4_mm_weights(PyObject *self, PyObject *args) {
+/* One binding for the three kernels: parse and check, then run with the GIL released. */
+static PyObject *run(PyObject *args, kernel_id id) {
+    static const char *names[] = {"int4_mm_codes", "int4_mm_weights", "int4_mv"};
     int4_args a;
-    long long chunk[2];
-    (void)self;
-    if (!parse(args, &a, "int4_mm_weights", ql_amx_ready(), "AMX-BF16 tiles", 2, chunk, 2))
+    long long chunk[2] = {0, 0};
+    const int amx = id != MV;
+    if (!parse(args, &a, names[id], amx ? ql_amx_ready() : ql_mv_ready(),
+               amx ? "AMX-BF16 tiles" : "AVX512-BF16 with AVX512-VBMI", id == MM_CODES ? 32 : id == MV ? 16 : 2,
+               chunk, id == MM_WEIGHTS ? 2 : 0))
         return NULL;
-    if (chunk[0] <= 0 || chunk[0] % 64 || chunk[1] <= 0 || chunk[1] % 32) {
+    if (id == MM_WEIGHTS && (chunk[0] <= 0 || chunk[0] % 64 || chunk[1] <= 0 || chunk[1] % 32)) {
         PyErr_Format(PyExc_ValueError, "int4_mm_weights: expected ng %% 64 == 0 and kc %% 32 == 0, got ng=%lld kc=%lld",
                      chunk[0], chunk[1]);
         return NULL;
@@ -89,7 +79,9 @@ static PyObject *int4_mm_weights(PyObject *self, PyObject *args) {
 #if QL_X86
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ql_amx_mm_weights(PTRS(a), chunk[0], chunk[1]);
+    rc = id == MM_CODES ? ql_amx_mm_codes(PTRS(a))
+         : id == MM_WEIGHTS ? ql_amx_mm_weights(PTRS(a), chunk[0], chunk[1])
+                            : ql_mv(PTRS(a));
     Py_END_ALLOW_THREADS
     if (rc)
         return PyErr_NoMemory();
@@ -97,20 +89,19 @@ static PyObject *int4_mm_weights(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *int4_mv(PyObject *self, PyObject *args) {
-    int4_args a;
+static PyObject *int4_mm_codes(PyObject *self, PyObject *args) {
     (void)self;
-    if (!parse(args, &a, "int4_mv", ql_mv_ready(), "AVX512-BF16 with AVX512-VBMI", 16, NULL, 0))
-        return NULL;
-#if QL_X86
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ql_mv(PTRS(a));
-    Py_END_ALLOW_THREADS
-    if (rc)
-        return PyErr_NoMemory();
-#endif
-    Py_RETURN_NONE;
+    return run(args, MM_CODES);
+}
+
+static PyObject *int4_mm_weights(PyObject *self, PyObject *args) {
+    (void)self;
+    return run(args, MM_WEIGHTS);
+}
+
+static PyObject *int4_mv(PyObject *self, PyObject *args) {
+    (void)self;
+    return run(args, MV);
 }
 
 static PyMethodDef methods[] = {

@@ -250,7 +250,9 @@ class Int4PackMixin:
             xb = F.pad(xb, (0, rt.k_pad - k))
         path = self.path(xb.shape[0], torch.is_grad_enabled() and xb.requires_grad)
         if path is Path.NATIVE:
-            kernel = native_int4.kernel_for(xb.shape[0], rt.group, rt.block, rt.k_pad) or native_int4.Kernel.WEIGHTS
+            kernel = native_int4.kernel_for(xb.shape[0], rt.group, rt.block, rt.k_pad)
+            if kernel is None:
+                raise RuntimeError(f"{type(self).__name__}: no kernel of the native extra runs M={xb.shape[0]} here")
             y = native_int4.matmul(xb, rt.packed, rt.scales_zeros, rt.group, kernel)
         elif path is Path.OP:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), rt.packed.view(rt.n_pad, -1),

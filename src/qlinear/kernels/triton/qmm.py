@@ -43,6 +43,13 @@ from .layout import Packed
 
 
 @triton.jit
+def row_dot(d, X, m, kk, K, KP, stride_xm, PERM, HAS_PERM: tl.constexpr, EVEN_K: tl.constexpr):
+    """One row's share of a field in the multi-row GEMV: ``sum_k (q - z) x`` as ``[1, BN]``, and x itself."""
+    x = load_x1(X, m, kk, K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
+    return tl.sum(d * x[:, None], axis=0, keep_dims=True), x
+
+
+@triton.jit
 def rows_term(p, xs, s, o, HAS_OFF: tl.constexpr):
     """One row's step of the multi-row GEMV: ``s * sum(q x) (+ o * sum(x))``, ``[1, BN]``."""
     if HAS_OFF:
@@ -126,19 +133,13 @@ def qmm_kernel(X, W, S, Z, OFF, PERM, BIAS, Y, PART, LOCK,
             for j in tl.static_range(PF):
                 d = gemv_term(lo, hi, z, j, BITS, HALF)
                 kk = kpos(j, rows, R, PF)
-                x0 = load_x1(X, m_0, kk, K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
-                x1 = load_x1(X, m_1, kk, K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
-                p0 += tl.sum(d * x0[:, None], axis=0, keep_dims=True)
-                p1 += tl.sum(d * x1[:, None], axis=0, keep_dims=True)
-                xs0 += x0
-                xs1 += x1
+                t0, x0 = row_dot(d, X, m_0, kk, K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
+                t1, x1 = row_dot(d, X, m_1, kk, K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
+                p0, xs0, p1, xs1 = p0 + t0, xs0 + x0, p1 + t1, xs1 + x1
                 if BLOCK_M == 4:
-                    x2 = load_x1(X, m_2, kk, K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
-                    x3 = load_x1(X, m_3, kk, K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
-                    p2 += tl.sum(d * x2[:, None], axis=0, keep_dims=True)
-                    p3 += tl.sum(d * x3[:, None], axis=0, keep_dims=True)
-                    xs2 += x2
-                    xs3 += x3
+                    t2, x2 = row_dot(d, X, m_2, kk, K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
+                    t3, x3 = row_dot(d, X, m_3, kk, K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
+                    p2, xs2, p3, xs3 = p2 + t2, xs2 + x2, p3 + t3, xs3 + x3
             # the step lies in one group (the launcher's condition for BLOCK_M > 1): s, o are [1, BN]
             step = stack2(rows_term(p0, xs0, s, o, HAS_OFF), rows_term(p1, xs1, s, o, HAS_OFF))
             if BLOCK_M == 4:
