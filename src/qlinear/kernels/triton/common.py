@@ -85,6 +85,28 @@ def gemv_term(lo, hi, z, j: tl.constexpr, BITS: tl.constexpr, HALF: tl.constexpr
 
 
 @triton.jit
+def gemv_step(X, PERM, w, s, z, o, m, rows, K, KP, stride_xm, BITS: tl.constexpr, R: tl.constexpr,
+              HAS_PERM: tl.constexpr, EVEN_K: tl.constexpr, HAS_OFF: tl.constexpr):
+    """One GEMV step of row ``m``: ``sum_k x[k] w[k, n]`` over the words ``w [BKW, BN]`` of ``rows``, ``[BN]``.
+
+    Fields 0..PF/2-1 sit in the low half-word, the rest in the high one (see ``gemv_term``). Per weight:
+    LOP3, FFMA (q - z), FFMA (* x); per word: the two halves; rows live in one thread (register adds only).
+    """
+    PF: tl.constexpr = 32 // BITS
+    lo, hi = halves(w)
+    blk = tl.zeros(w.shape, dtype=tl.float32)
+    xs = tl.zeros((w.shape[0],), dtype=tl.float32)
+    for j in tl.static_range(PF):
+        xv = load_x1(X, m, kpos(j, rows, R, PF), K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
+        blk += gemv_term(lo, hi, z, j, BITS, PF // 2) * xv[:, None]
+        if HAS_OFF:
+            xs += xv
+    if HAS_OFF:  # s * sum(q x) + o * sum(x), per word row (its fields share a group)
+        return tl.sum(blk * s + o * xs[:, None], axis=0)
+    return tl.sum(blk * s, axis=0)
+
+
+@triton.jit
 def halves(w):
     """The low and high 16 bits of every word, each OR-ed into the float 2^23 (see ``gemv_term``)."""
     lo = (w & 0xFFFF) | 0x4B000000
@@ -171,7 +193,10 @@ def store_split(Y, BIAS, PART, LOCK, out, offs_m, offs_n, M, N, stride_ym, tile,
                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Write a ``[BM, BN]`` float32 result: directly, or as split ``pid_k``'s partial; the last split of a
     tile (an acq_rel counter ``LOCK[tile]``, reset to 0 by it) sums the partials in a fixed order
-    (deterministic) and writes y."""
+    (deterministic) and writes y. It loads up to 8 partials at once: one after another, the dependent
+    L2 round trips of 16 splits cost the last CTA ~2 us, about a sixth of an M=1 GEMV on the H200
+    (``benchmarks/gemv_profile.py``)."""
+    UNROLL: tl.constexpr = 8 if BLOCK_M * BLOCK_N <= 2048 else (4 if BLOCK_M * BLOCK_N <= 4096 else 1)
     if not SPLIT:
         store_out(Y, BIAS, out, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
     else:
@@ -182,7 +207,11 @@ def store_split(Y, BIAS, PART, LOCK, out, offs_m, offs_n, M, N, stride_ym, tile,
         seen = tl.atomic_add(LOCK + tile, 1, sem="acq_rel", scope="gpu")
         if seen == SPLIT_K - 1:
             total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for sk in range(SPLIT_K):
-                total += tl.load(part + sk * M * N, mask=mn, other=0.0, cache_modifier=".cg")
+            for sk in range(0, SPLIT_K, UNROLL):
+                chunk = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for u in tl.static_range(UNROLL):  # the split bound as a tensor (the interpreter's masks)
+                    live = mn & (offs_n[None, :] * 0 + sk + u < SPLIT_K)
+                    chunk += tl.load(part + (sk + u) * M * N, mask=live, other=0.0, cache_modifier=".cg")
+                total += chunk
             store_out(Y, BIAS, total, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
             tl.atomic_xchg(LOCK + tile, 0, sem="relaxed", scope="gpu")

@@ -26,6 +26,7 @@ import triton.language as tl
 
 from .common import (
     dequant_tile,
+    gemv_step,
     gemv_term,
     group_params,
     halves,
@@ -106,20 +107,7 @@ def qmm_kernel(X, W, S, Z, OFF, PERM, BIAS, Y, PART, LOCK,
             b = dequant_tile(w, s, z, BITS, PF, X.dtype.element_ty)
             acc = tl.dot(a, b, acc)
         elif BLOCK_M == 1:
-            # fields 0..PF/2-1 sit in the low half-word, the rest in the high one; see gemv_term.
-            # Per weight: LOP3, FFMA (q - z), FFMA (* x); per word: the two halves.
-            lo, hi = halves(w)
-            blk = tl.zeros((BKW, BLOCK_N), dtype=tl.float32)
-            xs = tl.zeros((BKW,), dtype=tl.float32)
-            for j in tl.static_range(PF):
-                xv = load_x1(X, pid_m, kpos(j, rows, R, PF), K, KP, stride_xm, PERM, HAS_PERM, EVEN_K)
-                blk += gemv_term(lo, hi, z, j, BITS, HALF) * xv[:, None]
-                if HAS_OFF:
-                    xs += xv
-            if HAS_OFF:  # s * sum(q x) + o * sum(x), per word row (its fields share a group)
-                acc += tl.sum(blk * s + o * xs[:, None], axis=0)
-            else:
-                acc += tl.sum(blk * s, axis=0)  # rows live in one thread: register adds only
+            acc += gemv_step(X, PERM, w, s, z, o, pid_m, rows, K, KP, stride_xm, BITS, R, HAS_PERM, EVEN_K, HAS_OFF)
         else:  # 2 or 4 rows share each dequantized term (q - z): LOP3 + FFMA once, then one FFMA per row
             lo, hi = halves(w)
             p0 = tl.zeros((1, BLOCK_N), dtype=tl.float32)
@@ -283,6 +271,11 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
         from .qmm3 import qmm3
 
         return qmm3(x2, p, cfg, bias, lock, y, use_asm=not interpreting())
+    if cfg.variant == "gemv_sk":
+        from .gemv_sk import gemv_sk
+
+        lk = lock if lock is not None else torch.zeros(lock_slots(p.n), dtype=torch.int32, device=x2.device)
+        return gemv_sk(x2, p, cfg, bias, lk, y, one_group(p, cfg.block_k))
     use_dot = cfg.variant != "gemv"
     if use_dot and p.offsets is not None:
         raise ValueError(f"variant {cfg.variant} does not take additive offsets (GGUF minimums); use gemv, skinny2, "
