@@ -153,7 +153,7 @@ def main() -> int:
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--sweep", action="store_true", help="grids of the GEMV and the stream, and a flat read")
-    ap.add_argument("--once", choices=("gemv", "stream"), help="one call of one kernel (for ncu)")
+    ap.add_argument("--once", choices=("gemv", "gemv_sk", "stream"), help="one call of one kernel (for ncu)")
     args = ap.parse_args()
     gen = torch.Generator(device=DEV).manual_seed(0)
     if args.sweep:
@@ -174,8 +174,8 @@ def main() -> int:
         lock = torch.zeros(lock_slots(p.n), dtype=torch.int32, device=DEV)
         if args.once:
             for _ in range(3):  # compile, then the profiled calls
-                if args.once == "gemv":
-                    qmm(x, p, cfg, None, lock)
+                if args.once != "stream":
+                    qmm(x, p, config(p, 1, args.once), None, lock)
                 else:
                     stream_fns([p], cfg, True)[0](x)
             torch.cuda.synchronize()
