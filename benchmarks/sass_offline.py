@@ -32,7 +32,6 @@ from triton.tools.disasm import get_sass
 from gpu_check import SASS_OPS, sass_counts
 from qlinear.kernels.triton import configs
 from qlinear.kernels.triton.dequant import dequant_kernel
-from qlinear.kernels.triton.gemv_sk import gemv_sk_kernel
 from qlinear.kernels.triton.layout import block_rows
 from qlinear.kernels.triton.qmm import V2, block_k2, qmm2_kernel, qmm_kernel
 from qlinear.kernels.triton.qmm3 import qmm3_kernel
@@ -73,7 +72,7 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--dump", help="write each kernel's SASS and TTGIR here")
-    ap.add_argument("--variants", default="gemv,gemv_sk,skinny,skinny2,skinny3,gemm,gemm2,dense")
+    ap.add_argument("--variants", default="gemv,skinny,skinny2,skinny3,gemm,gemm2,dense")
     ap.add_argument("--m", type=int, default=0, help="rows (default: a typical M per variant)")
     ap.add_argument("--cfg", help="override bm,bn,bk,split,warps,stages")
     args = ap.parse_args()
@@ -83,7 +82,7 @@ def main() -> int:
     print(f"sm_90, triton {triton.__version__}, {args.bits}-bit g{args.group} K={args.k} N={args.n} bf16, sym, R={r}")
     print("| kernel | config | regs | spills | smem B | " + " | ".join(SASS_OPS) + " |")
     print("| --- " * (5 + len(SASS_OPS)) + "|")
-    ap_m = {"gemv": 1, "gemv_sk": 1, "skinny": 16, "skinny2": 16, "skinny3": 16, "gemm": 128, "gemm2": 128,
+    ap_m = {"gemv": 1, "skinny": 16, "skinny2": 16, "skinny3": 16, "gemm": 128, "gemm2": 128,
             "dense": 1024}
     for variant in args.variants.split(","):
         m = args.m or ap_m[variant]
@@ -104,9 +103,6 @@ def main() -> int:
                          BLOCK_N=cfg.block_n, BLOCK_K=bk, SPLIT=cfg.split_k > 1, EVEN_K=True, EVEN_N=True,
                          USE_ASM=True)
             kern = compile_one(qmm3_kernel, three, cfg.num_warps, cfg.num_stages)
-        elif variant == "gemv_sk":
-            common.update(HAS_BIAS=False, EVEN_K=True, EVEN_N=True)
-            kern = compile_one(gemv_sk_kernel, common, cfg.num_warps, cfg.num_stages)
         elif variant in V2:
             fb = r * pf
             bk = max(cfg.block_k, fb) // fb * fb

@@ -211,3 +211,38 @@ def test_affine_runtime_is_only_for_affine_4bit_types() -> None:
     six.load_blocks(lay.qweight, lay.bias)
     six.prepare()
     assert six.affine_packed() is None  # 16-value sub-blocks: the block kernels run it
+
+
+def test_affine_runtime_reaches_layers_loaded_from_files(tmp_path, monkeypatch) -> None:
+    """``load_checkpoint(..., affine_runtime=True)`` builds the affine runtime where the Triton kernel is chosen
+    (selection forced here: the interpreter runs on a CPU target), leaves other kernels as they are, and is
+    refused for checkpoints that are not GGUF."""
+    import importlib
+
+    import gguf
+
+    from qlinear.checkpoint.load import load_checkpoint
+    from qlinear.checkpoint.safetensors_io import CheckpointError
+
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((24, 256)) * 0.05).astype(np.float32)
+    writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    writer.add_tensor("blk.0.attn_v.weight", G.quantize(w, "Q4_K"), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    on_cpu = load_checkpoint(tmp_path / "m.gguf", dtype=torch.float16, affine_runtime=True)["blk.0.attn_v"]
+    assert type(on_cpu).__name__ == "GGUFTorchLinear"  # the CPU kernels have no such runtime
+    sel = importlib.import_module("qlinear.select")  # the package exports a function of the same name
+    monkeypatch.setattr(sel, "select", lambda *a, **k: type("C", (), {"kernel": GGUFTritonKernel})())
+    for flag in (False, True):
+        lay = load_checkpoint(tmp_path / "m.gguf", dtype=torch.float16, affine_runtime=flag)["blk.0.attn_v"]
+        assert isinstance(lay, GGUFTritonKernel) and (lay.affine_packed() is not None) is flag
+        x = torch.randn(3, 256, generator=torch.Generator().manual_seed(1)).half()
+        ref = x.double().numpy() @ oracle(lay.qweight.numpy(), G.GGMLType.Q4_K, 256).astype(np.float64).T
+        assert np.linalg.norm(lay(x).double().numpy() - ref) / np.linalg.norm(ref) < TOL[torch.float16]
+    monkeypatch.undo()
+    (tmp_path / "dir").mkdir()
+    with pytest.raises((ValueError, CheckpointError), match="affine_runtime applies to .gguf files"):
+        load_checkpoint(tmp_path / "dir", affine_runtime=True)

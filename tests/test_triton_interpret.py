@@ -90,7 +90,6 @@ def forced(variant: str, bits: int) -> tuple[Config, int]:
     pf = 32 // bits
     return {
         "gemv": (Config("gemv", 2, 32, 4 * pf, 3, 4, 1), 3),
-        "gemv_sk": (Config("gemv_sk", 1, 32, 4 * pf, 7, 4, 1), 3),
         "skinny": (Config("skinny", 16, 32, max(32, 2 * pf), 2, 4, 1), 7),
         "gemm": (Config("gemm", 32, 32, 64, 2, 4, 1), 37),
         "skinny2": (Config("skinny2", 16, 32, 32, 2, 4, 1), 7),
@@ -100,7 +99,7 @@ def forced(variant: str, bits: int) -> tuple[Config, int]:
     }[variant]
 
 
-@pytest.mark.parametrize("variant", ["gemv", "gemv_sk", "skinny", "skinny2", "skinny3", "gemm", "gemm2", "dense"])
+@pytest.mark.parametrize("variant", ["gemv", "skinny", "skinny2", "skinny3", "gemm", "gemm2", "dense"])
 @pytest.mark.parametrize("case", GPTQ, ids=lambda c: f"{c[0]}-{c[1]}b-g{c[2]}-{'sym' if c[3] else 'asym'}"
                          f"{'-act' if c[4] else ''}-{str(c[8])[6:]}")
 def test_gptq_variant_matches_oracle(case: tuple, variant: str) -> None:
@@ -127,19 +126,6 @@ def test_split_k_reduction_over_several_load_batches(variant: str, split: int) -
     cfg, m = forced(variant, case[1])
     cfg = replace(cfg, split_k=split, block_k=32 // case[1] * (1 if variant == "gemv" else 4))
     x = torch.randn(m, case[6], generator=torch.Generator().manual_seed(2)).to(case[8])
-    y = layer.matmul(x, config=cfg)
-    assert rel_err(y, x.double().numpy() @ w64.T + b64) < TOL[case[8]]
-    assert int(layer._rt_lock.abs().sum()) == 0
-
-
-@pytest.mark.parametrize("programs", [1, 2, 5, 64])
-def test_gemv_stream_k_any_grid(programs: int) -> None:
-    """Stream-K GEMV: one program for everything, tiles owned whole (written directly) next to shared ones,
-    and more programs than steps (each takes one); M = 3 rows, each its own programs and counters."""
-    case = GPTQ[1]  # act-order, asymmetric, bfloat16, N = 37 (a partial last tile)
-    layer, w64, b64 = gptq_layer(case)
-    cfg = Config("gemv_sk", 1, 32, 8, programs, 4, 1)
-    x = torch.randn(3, case[6], generator=torch.Generator().manual_seed(programs)).to(case[8])
     y = layer.matmul(x, config=cfg)
     assert rel_err(y, x.double().numpy() @ w64.T + b64) < TOL[case[8]]
     assert int(layer._rt_lock.abs().sum()) == 0

@@ -170,10 +170,15 @@ class GGUFFile:
         return {t.layer: t for t in self if t.name.endswith(".weight") and len(t.shape) == 2}
 
     def linear(self, layer: str, backend: str = "auto", device: str | torch.device = "cpu",
-               dtype: torch.dtype = torch.float16, share: bool = True) -> QuantLinear:
+               dtype: torch.dtype = torch.float16, share: bool = True, affine_runtime: bool = False,
+               rows: torch.Tensor | None = None) -> QuantLinear:
         """A prepared GGUF kernel for ``layer`` (selected like any layer; ``layer.choice.explain()`` says why).
-        ``share``: on CPU the layer's ``qweight`` is the memory-mapped bytes themselves (no copy)."""
+        ``share``: on CPU the layer's ``qweight`` is the memory-mapped bytes themselves (no copy).
+        ``rows``: output rows (whole blocks rows) taken in this order, a copy (transformers' q/k order).
+        ``affine_runtime``: where the Triton GGUF kernel is chosen, also build its faster, larger runtime for
+        Q4_0/Q4_1/Q4_K (``GGUFTritonKernel``; docs/gguf.md); other kernels have no such runtime."""
         from .caps import Problem
+        from .kernels.gguf_triton import GGUFTritonKernel
         from .select import select
         from .target import Target
 
@@ -185,7 +190,11 @@ class GGUFFile:
         target = Target.here(device)
         choice = select(Problem(w.scheme(), dtype), target, backend)
         lay = choice.kernel(w.scheme(), bias=bias is not None, dtype=dtype)
-        lay.load_blocks(w.raw(), None if bias is None else bias.dequantize(), share=share)
+        if affine_runtime and isinstance(lay, GGUFTritonKernel):
+            lay.affine_runtime = True
+        raw = w.raw() if rows is None else torch.from_numpy(w.raw().copy())[rows].contiguous()
+        b = None if bias is None else bias.dequantize()
+        lay.load_blocks(raw, b if rows is None or b is None else torch.as_tensor(b)[rows], share=share)
         lay = lay.to(target.devices[0].torch_device)
         lay.prepare()
         lay.choice = choice

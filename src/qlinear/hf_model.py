@@ -61,27 +61,8 @@ def rope_rows(n_rows: int, n_head: int) -> torch.Tensor:
     return hf.transpose(1, 2).reshape(-1)
 
 
-def _gguf_layer(f: Any, layer: str, rows: torch.Tensor | None, backend: str, device: str | torch.device,
-                dtype: torch.dtype) -> QuantLinear:
-    """``GGUFFile.linear`` with the block rows reordered (q/k); without ``rows`` the mapped bytes are shared."""
-    from .caps import Problem
-    from .select import select
-    from .target import Target
-
-    if rows is None:
-        return f.linear(layer, backend=backend, device=device, dtype=dtype)
-    w = f.layers()[layer]
-    target = Target.here(device)
-    choice = select(Problem(w.scheme(), dtype), target, backend)
-    lay = choice.kernel(w.scheme(), bias=False, dtype=dtype)
-    lay.load_blocks(torch.from_numpy(w.raw().copy())[rows].contiguous(), None)
-    lay = lay.to(target.devices[0].torch_device)
-    lay.prepare()
-    lay.choice = choice
-    return lay
-
-
-def _from_gguf(file: Path, device: str | torch.device, dtype: torch.dtype, backend: str) -> nn.Module:
+def _from_gguf(file: Path, device: str | torch.device, dtype: torch.dtype, backend: str,
+               affine_runtime: bool) -> nn.Module:
     from .gguf_file import read_gguf
 
     tf = _transformers()
@@ -89,13 +70,14 @@ def _from_gguf(file: Path, device: str | torch.device, dtype: torch.dtype, backe
     if f.architecture != "llama":
         raise ValueError(f"{file}: architecture {f.architecture!r}; only llama GGUF files are mapped to transformers")
     model = tf.AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=torch.float32)
-    return serve_gguf(model, f, device, dtype, backend)
+    return serve_gguf(model, f, device, dtype, backend, affine_runtime)
 
 
 def serve_gguf(model: nn.Module, f: Any, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-               backend: BACKEND | str = "auto") -> nn.Module:
+               backend: BACKEND | str = "auto", affine_runtime: bool = False) -> nn.Module:
     """Swap, in place, each ``nn.Linear`` of a transformers llama model built from the GGUF file ``f`` (a path or
-    a ``GGUFFile``) for a kernel serving that tensor's own blocks (q/k rows put back in transformers' order)."""
+    a ``GGUFFile``) for a kernel serving that tensor's own blocks (q/k rows put back in transformers' order).
+    ``affine_runtime``: see ``GGUFFile.linear``."""
     from .checkpoint.gguf import FLOAT_TYPES
     from .gguf_file import GGUFFile, read_gguf
 
@@ -113,7 +95,8 @@ def serve_gguf(model: nn.Module, f: Any, device: str | torch.device = "cpu", dty
             continue
         kind = layer.rsplit(".", 1)[-1]
         rows = torch.argsort(rope_rows(mod.out_features, heads[kind])) if kind in heads else None
-        set_submodule(model, name, _gguf_layer(f, layer, rows, backend, device, dtype))
+        set_submodule(model, name, f.linear(layer, backend=backend, device=device, dtype=dtype, rows=rows,
+                                                  affine_runtime=affine_runtime))
     return _finish(model, device, dtype)
 
 
@@ -154,18 +137,23 @@ def _finish(model: nn.Module, device: str | torch.device, dtype: torch.dtype) ->
 
 
 def from_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                    backend: BACKEND | str = "auto", gguf_file: str | None = None) -> nn.Module:
+                    backend: BACKEND | str = "auto", gguf_file: str | None = None,
+                    affine_runtime: bool = False) -> nn.Module:
     """A transformers causal LM whose quantized linear layers are qlinear kernels (``served_layers(model)``).
 
     ``path``: a ``.gguf`` file, a directory plus ``gguf_file``, or a GPTQ/AWQ safetensors directory with a
     config.json. ``dtype`` is the activation dtype of every kernel and of the float modules.
+    ``affine_runtime`` (GGUF only): Q4_0/Q4_1/Q4_K layers on the Triton GGUF kernel also get its faster, larger
+    runtime (``GGUFFile.linear``).
     """
     path = Path(path)
     if gguf_file is not None:
         path = path / gguf_file
     backend = str(BACKEND(backend).value)
     if path.suffix.lower() == ".gguf":
-        return _from_gguf(path, device, dtype, backend)
+        return _from_gguf(path, device, dtype, backend, affine_runtime)
+    if affine_runtime:
+        raise ValueError(f"{path}: affine_runtime applies to GGUF files, not to a GPTQ/AWQ directory")
     return _from_dir(path, device, dtype, backend)
 
 

@@ -20,8 +20,9 @@ FLOAT_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 
 
 def load_gguf_layers(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float16,
-                     backend: BACKEND | str = BACKEND.AUTO) -> dict[str, QuantLinear]:
-    """``{tensor name without ".weight": prepared layer}`` for every quantized 2-D weight of a GGUF file."""
+                     backend: BACKEND | str = BACKEND.AUTO, affine_runtime: bool = False) -> dict[str, QuantLinear]:
+    """``{tensor name without ".weight": prepared layer}`` for every quantized 2-D weight of a GGUF file
+    (``affine_runtime``: see ``GGUFFile.linear``)."""
     from ..gguf_file import read_gguf
 
     f = read_gguf(path)
@@ -30,7 +31,8 @@ def load_gguf_layers(path: str | Path, device: str | torch.device = "cpu", dtype
         if t.type in FLOAT_TYPES:
             continue
         try:
-            out[name] = f.linear(name, backend=str(BACKEND(backend).value), device=device, dtype=dtype)
+            out[name] = f.linear(name, backend=str(BACKEND(backend).value), device=device, dtype=dtype,
+                                 affine_runtime=affine_runtime)
         except NoKernelError as err:
             raise CheckpointError(f"{name}: {err}") from err
     return out

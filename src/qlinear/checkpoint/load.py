@@ -75,7 +75,7 @@ def load_plan(plan: CheckpointPlan, device: str | torch.device = "cpu", dtype: t
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float16,
-                    backend: BACKEND | str = BACKEND.AUTO) -> dict[str, QuantLinear]:
+                    backend: BACKEND | str = BACKEND.AUTO, affine_runtime: bool = False) -> dict[str, QuantLinear]:
     """Every quantized module of a checkpoint, by its name in the checkpoint, as a prepared layer.
 
     ``path``: a Hugging Face style directory (config.json and/or quantize_config.json plus one
@@ -83,16 +83,20 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype:
     file (config read from its directory) or a ``.gguf`` file. ``dtype`` is the activation dtype the
     kernels are chosen for. Raises ``CheckpointError`` (a ``ValueError``) naming the file, module and
     tensor for anything that does not fit; pickle files (.bin, .pt) are refused, never unpickled.
+    ``affine_runtime`` (GGUF files only): see ``GGUFFile.linear``.
     """
     path = Path(path)
     if path.suffix.lower() == ".gguf":
-        return load_gguf(path, device=device, dtype=dtype, backend=backend)
+        return load_gguf(path, device=device, dtype=dtype, backend=backend, affine_runtime=affine_runtime)
+    if affine_runtime:
+        raise ValueError(f"{path}: affine_runtime applies to .gguf files (GGUF blocks on the GPU), not to this "
+                         "checkpoint; GPTQ/AWQ layers already run in their own runtime layout")
     return load_plan(plan_checkpoint(path), device, dtype, backend)
 
 
 def load_gguf(path: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float16,
-              backend: BACKEND | str = BACKEND.AUTO) -> dict[str, QuantLinear]:
+              backend: BACKEND | str = BACKEND.AUTO, affine_runtime: bool = False) -> dict[str, QuantLinear]:
     """GGUF files through ``qlinear.gguf_file`` (needs the ``gguf`` package: ``pip install 'qlinear[gguf]'``)."""
     from .gguf import load_gguf_layers
 
-    return load_gguf_layers(path, device=device, dtype=dtype, backend=backend)
+    return load_gguf_layers(path, device=device, dtype=dtype, backend=backend, affine_runtime=affine_runtime)

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from typing import Any
 
-VARIANTS = ("gemv", "gemv_sk", "skinny3", "skinny", "skinny2", "gemm", "gemm2", "dense")
+VARIANTS = ("gemv", "skinny3", "skinny", "skinny2", "gemm", "gemm2", "dense")
 #: group length the kernels use for "one group spans K" (any block is inside group 0)
 CHANNELWISE = 1 << 30
 #: default crossovers (largest M bucket served), used when the table has none for a device/bits
@@ -114,12 +114,6 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         nkb = -(-k // bk)
         split = min(32, _split(-(-n // (128 * warps)), nkb, sms, 12, 2))
         return Config("gemv", min(4, m_bucket(m)), 128 * warps, bk, split, warps, 2)
-    if variant == "gemv_sk":  # stream-K: split_k is the whole grid, a resident wave (<= 128 registers)
-        warps = 2 if n >= 256 else 1
-        bk = max(64, 8 * pf)
-        while bk > pf and group % bk:
-            bk //= 2
-        return Config("gemv_sk", 1, 128 * warps, bk, sms * 16 // warps, warps, 2)
     if variant == "skinny":  # 64 columns x 4 warps: the dequantized tile feeds mma straight from registers
         bn = 64 if n >= 64 else 32
         nkb = -(-k // 128)
@@ -189,8 +183,6 @@ def legal(cfg: Config, m: int, k: int, bits: int) -> Config:
             stages -= 1
         while bk > max(16, pf) and stages * (bm * bk + bk * cfg.block_n) * 2 > SMEM_BUDGET:
             bk //= 2
-    if cfg.variant == "gemv_sk":  # one row per program; split_k counts programs, not K parts
-        return replace(cfg, block_m=1, block_n=128 * cfg.num_warps, block_k=bk, split_k=max(1, cfg.split_k))
     words = -(-k // pf)
     nkb = -(-words // (bk // pf))
     return replace(cfg, block_m=bm, block_k=bk, num_stages=stages, split_k=max(1, min(cfg.split_k, nkb)))

@@ -271,11 +271,6 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
         from .qmm3 import qmm3
 
         return qmm3(x2, p, cfg, bias, lock, y, use_asm=not interpreting())
-    if cfg.variant == "gemv_sk":
-        from .gemv_sk import gemv_sk
-
-        lk = lock if lock is not None else torch.zeros(lock_slots(p.n), dtype=torch.int32, device=x2.device)
-        return gemv_sk(x2, p, cfg, bias, lk, y, one_group(p, cfg.block_k))
     use_dot = cfg.variant != "gemv"
     if use_dot and p.offsets is not None:
         raise ValueError(f"variant {cfg.variant} does not take additive offsets (GGUF minimums); use gemv, skinny2, "
