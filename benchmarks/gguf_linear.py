@@ -67,13 +67,14 @@ def cpu_ms(fn: Callable[[], object], reps: int) -> float:
 
 
 def cpu_table(shapes: tuple, qtypes: tuple, ms: tuple, reps: int) -> str:
-    """One thread. ``exact``: GGUFTorchLinear with float32 activations (decode + float32 GEMM); ``bf16``: the same
+    """One thread. ``exact``: GGUFTorchLinear with float32 activations (Q8_0 up to ``native_q8.MAX_M``: the native
+    extra's ``q8_0_mm`` on the stored blocks; else decode + float32 GEMM); ``bf16``: the same
     layer with bfloat16 activations, which routes to the native extra's kernels where installed, else small M
     to the int4pack op (``gguf_int4pack``); ``op`` and ``decode``: the op (native extra switched off) and the
     decode route timed on their own at every M (where the crossover ``MAX_M`` comes from)."""
     import importlib.util
 
-    from qlinear.kernels import gguf_int4pack, native_int4
+    from qlinear.kernels import gguf_int4pack, native_int4, native_q8
 
     def op_only(rt: gguf_int4pack.GGUFInt4Pack, xb: torch.Tensor, n: int) -> torch.Tensor:
         saved, native_int4._MODULE = native_int4._MODULE, False
@@ -82,12 +83,19 @@ def cpu_table(shapes: tuple, qtypes: tuple, ms: tuple, reps: int) -> str:
         finally:
             native_int4._MODULE = saved
 
+    def decode_only(lay: GGUFTorchLinear, x: torch.Tensor) -> torch.Tensor:
+        saved, native_q8._MODULE = native_q8._MODULE, False
+        try:
+            return lay(x)
+        finally:
+            native_q8._MODULE = saved
+
     from qlinear.kernels.gguf_ggml import GGML_IDS, ggml_matmul
 
     torch.set_num_threads(1)
     have_ggml = importlib.util.find_spec("ggml") is not None
-    rows = ["| shape | qtype | M | exact fp32 ms | bf16 ms (route) | op ms | native ms (kernel) | decode ms | ggml ms "
-            "| dense bf16 ms | bf16 / ggml | ggml / bf16 |", "| --- " * 12 + "|"]
+    rows = ["| shape | qtype | M | exact fp32 ms (route) | bf16 ms (route) | op ms | native ms (kernel) | decode ms "
+            "| ggml ms | dense bf16 ms | bf16 / ggml | ggml / bf16 | fp32 / ggml |", "| --- " * 13 + "|"]
     for k, n in shapes:
         dense = torch.randn(n, k, dtype=torch.bfloat16)
         for qt in qtypes:
@@ -110,15 +118,18 @@ def cpu_table(shapes: tuple, qtypes: tuple, ms: tuple, reps: int) -> str:
                     xk = torch.nn.functional.pad(xk, (0, rt.planes * rt.k_pad - xk.shape[1]))
                     t_nat = cpu_ms(lambda: native_int4.matmul(xk, rt.packed, rt.scales_zeros, rt.group, kn), reps)  # noqa: B023
                     k_nat = kn.value
-                t_dec = t_fast if route == "decode" else t_exact  # the decode route computes in float32 either way
+                q8 = exact.uses_native_q8(x)
+                # the decode route computes in float32 either way
+                t_dec = (t_fast if route == "decode" else t_exact if not q8 else
+                         cpu_ms(lambda: decode_only(exact, x), reps))  # noqa: B023
                 t_dense = cpu_ms(lambda: torch.nn.functional.linear(xb, dense), reps)  # noqa: B023
                 t_ggml = float("nan")
                 if have_ggml:
                     t_ggml = cpu_ms(lambda: ggml_matmul(raw, GGML_IDS[G.ggml_type(qt)], x, 1), reps)  # noqa: B023
-                rows.append(f"| {k}x{n} | {qt} | {m} | {t_exact:.2f} | {t_fast:.2f} ({route}) | {t_op:.2f} | "
-                            f"{t_nat:.2f} ({k_nat}) | "
+                rows.append(f"| {k}x{n} | {qt} | {m} | {t_exact:.2f} ({'native q8_0_mm' if q8 else 'decode'}) | "
+                            f"{t_fast:.2f} ({route}) | {t_op:.2f} | {t_nat:.2f} ({k_nat}) | "
                             f"{t_dec:.2f} | {t_ggml:.2f} | {t_dense:.2f} | {t_fast / t_ggml:.2f}x | "
-                            f"{t_ggml / t_fast:.2f}x |")
+                            f"{t_ggml / t_fast:.2f}x | {t_exact / t_ggml:.2f}x |")
     return "\n".join(rows)
 
 

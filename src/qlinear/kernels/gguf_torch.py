@@ -21,7 +21,7 @@ from ..enums import BACKEND, DEVICE, FORMAT
 from ..layouts import gguf
 from ..spec import Scheme
 from ..target import Target
-from . import gguf_int4pack, native_int4
+from . import gguf_int4pack, native_int4, native_q8
 from .base import QuantLinear
 from .planned.gguf import GGUFTorchLinear as _Declared
 
@@ -161,6 +161,12 @@ class GGUFTorchLinear(GGUFQuantLinear):
     def describe_runs(cls, problem: Problem, target: Target) -> str:
         name = str(problem.scheme.qtype or "")
         exact = "blocks decoded tile by tile in each forward (float32 GEMM on CPU: exact)"
+        if name == "Q8_0" and any(d.kind is DEVICE.CPU for d in target.devices):
+            q8 = (f"the blocks as stored times float32 activations (native q8_0_mm, exact products) at M=1.."
+                  f"{native_q8.MAX_M}, then the exact decode" if native_q8.native_q8() is not None else
+                  "the exact decode; the native extra (pip install ./native, an AVX-512 CPU) would multiply the "
+                  f"stored blocks directly up to M={native_q8.MAX_M}")
+            exact = exact if problem.dtype == torch.bfloat16 else q8
         if problem.dtype != torch.bfloat16 or not gguf_int4pack.supported(name) or all(
                 d.kind is not DEVICE.CPU for d in target.devices):
             return exact
@@ -194,6 +200,11 @@ class GGUFTorchLinear(GGUFQuantLinear):
             return True
         return native_int4.native_int4() is not None and self.int4pack_runtime().native_kernel(m) is not None
 
+    def uses_native_q8(self, x2: torch.Tensor) -> bool:
+        """Route this call to the native Q8_0 kernel? (CPU, Q8_0, no gradient, M up to ``native_q8.MAX_M``.)"""
+        return (x2.device.type == "cpu" and self.qtype is gguf.GGMLType.Q8_0 and self.qweight.device.type == "cpu"
+                and not (torch.is_grad_enabled() and x2.requires_grad) and native_q8.runs(x2.shape[0]))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         self.ensure_prepared()
@@ -203,6 +214,11 @@ class GGUFTorchLinear(GGUFQuantLinear):
             if self.bias is not None:
                 y = y + self.bias.to(y.dtype)
             return y.reshape(*x.shape[:-1], self.out_features)
+        if x2.shape[0] and self.uses_native_q8(x2):  # the file's Q8_0 blocks, float32 products (exact)
+            y = native_q8.matmul(x2, self.qweight, self.in_features)
+            if self.bias is not None:
+                y = y + self.bias.to(y.dtype)
+            return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         # On CPU the tiles multiply in float32 (the exact decode; faster there than casting every tile to
         # bf16/fp16), elsewhere in the activation dtype.
         work = torch.float32 if x.device.type == "cpu" else x.dtype

@@ -1,0 +1,64 @@
+"""GGUF Q8_0 blocks times float32 activations in qlinear's native extra (``pip install ./native``).
+
+``qlinear_native._q8.q8_0_mm`` reads the layer's ``qweight`` as the file holds it (``[N, K/32 * 34]``: a
+float16 scale and 32 int8 codes per block), so nothing is derived or kept; products ``q * x`` are exact in
+float32 and summed in float32, the precision of GGUFTorchLinear's exact decode path, without decoding the
+weight. Up to 4 activation rows share each block; beyond ``MAX_M`` rows the decode + float32 GEMM wins.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+#: Largest M for ``q8_0_mm`` on float32 activations, measured against the exact decode path of
+#: GGUFTorchLinear (one thread, 4096x4096, 2026-12-02; results/cpu-gguf_linear-native-q8-2026-12-02.md):
+#: M=16 19.8 ms vs 42.1, M=64 71.0 vs 52.3 (each 4-row pass re-reads the weight).
+MAX_M = 16
+BLOCK, BYTES = 32, 34
+
+
+def native_q8() -> Any:
+    """``qlinear_native._q8`` when it is installed and its kernel runs on this CPU (AVX-512F, F16C), else None."""
+    global _MODULE
+    if _MODULE is None:
+        try:
+            from qlinear_native import _q8
+        except ImportError:
+            _MODULE = False
+        else:
+            _MODULE = _q8 if _q8.q8_0_available() else False
+    return _MODULE or None
+
+
+_MODULE: Any = None
+
+
+def runs(m: int) -> bool:
+    """Does the extra take ``m`` rows of a Q8_0 product here?"""
+    return 0 < m <= MAX_M and native_q8() is not None
+
+
+def matmul(x2: torch.Tensor, blocks: torch.Tensor, in_features: int) -> torch.Tensor:
+    """``x2 [M, K]`` (any float dtype, on CPU) times the Q8_0 weight ``blocks`` (uint8 ``[N, ceil(K/32) * 34]``)
+    -> ``[M, N]`` float32. K is padded with zeros to whole blocks."""
+    mod = native_q8()
+    if mod is None:
+        raise RuntimeError("native_q8.matmul: the native extra is not available (pip install ./native on a CPU "
+                           "with AVX-512F and F16C)")
+    n, row_bytes = blocks.shape
+    nblk = -(-in_features // BLOCK)
+    if blocks.dtype != torch.uint8 or row_bytes != nblk * BYTES or x2.dim() != 2 or x2.shape[1] != in_features:
+        raise ValueError(f"native_q8.matmul: expected x [M, {in_features}] and uint8 blocks [N, {nblk * BYTES}]; "
+                         f"got x {tuple(x2.shape)}, blocks {blocks.dtype} {tuple(blocks.shape)}")
+    xf = x2.to(torch.float32)
+    if nblk * BLOCK != in_features:
+        xf = F.pad(xf, (0, nblk * BLOCK - in_features))
+    xf = xf.contiguous()
+    w = blocks.contiguous()
+    out = torch.empty(xf.shape[0], n, dtype=torch.float32)
+    mod.q8_0_mm(xf.data_ptr(), w.data_ptr(), out.data_ptr(), xf.shape[0], nblk * BLOCK, n, nblk * BLOCK, n,
+                torch.get_num_threads())
+    return out
