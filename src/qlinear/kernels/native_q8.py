@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 
 #: Largest M for ``q8_0_mm`` on float32 activations, measured against the exact decode path of
-#: GGUFTorchLinear (one thread, 4096x4096, 2026-12-02; results/cpu-gguf_linear-native-q8-2026-12-02.md):
-#: M=16 19.8 ms vs 42.1, M=64 71.0 vs 52.3 (each 4-row pass re-reads the weight).
-MAX_M = 16
+#: GGUFTorchLinear (one thread, 4096x4096, 2026-12-02; results/cpu-gguf_linear-native-q8-2026-12-02.md,
+#: "Crossover"): ~0.6 ms per row (each 4-row pass re-reads the weight), M=32 19.1-19.5 ms vs 86-88; M=64
+#: 38 vs 100 there, but 71 vs 52 in an earlier run, so the bound stays where every run agreed.
+MAX_M = 32
 BLOCK, BYTES = 32, 34
 
 
