@@ -109,7 +109,8 @@ def cpu_table(shapes: tuple, qtypes: tuple, ms: tuple, reps: int) -> str:
                 t_exact = cpu_ms(lambda: exact(x), reps)  # noqa: B023
                 t_fast = cpu_ms(lambda: fast(xb), reps)  # noqa: B023
                 kernel = rt.native_kernel(m) if rt else None
-                route = ("decode" if not fast.uses_int4pack(xb) else f"native {kernel.value}" if kernel else "op")
+                route = ("native q8_0_mm" if fast.uses_native_q8(xb) else "decode" if not fast.uses_int4pack(xb)
+                         else f"native {kernel.value}" if kernel else "op")
                 t_op = cpu_ms(lambda: op_only(rt, xb, n), reps) if rt and rt.op else float("nan")  # noqa: B023
                 t_nat, k_nat = float("nan"), "-"  # the extra's kernel for this M, whether or not the route takes it
                 kn = native_int4.kernel_for(m, rt.group, rt.block, rt.planes * rt.k_pad) if rt else None

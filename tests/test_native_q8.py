@@ -103,8 +103,20 @@ def test_layer_routes_small_m_to_the_kernel_and_larger_m_to_the_exact_decode(mon
         x = torch.randn(m, 96)
         close(lay(x), x.double().numpy() @ w64.T + lay.bias.double().numpy())
     assert calls == [1, native_q8.MAX_M]
+    lay16 = GGUFTorchLinear(G.scheme_for(G.GGMLType.Q8_0, 96, 40), bias=True, dtype=torch.bfloat16)
+    lay16.load_blocks(raw, lay.bias)
+    lay16.prepare()
+    calls.clear()
+    for m in (1, native_q8.BF16_MAX_M, native_q8.BF16_MAX_M + 1):  # bfloat16: the planes route above BF16_MAX_M
+        x = torch.randn(m, 96).to(torch.bfloat16)
+        ref = x.double().numpy() @ w64.T + lay.bias.double().numpy()
+        err = np.abs(lay16(x).double().numpy() - ref).max() / np.abs(ref).max()
+        assert err < 1e-2
+    assert calls == [1, native_q8.BF16_MAX_M]
     runs = GGUFTorchLinear.describe_runs(Problem(lay.scheme, torch.float32), Target.here("cpu"))
-    assert f"native q8_0_mm, exact products) at M=1..{native_q8.MAX_M}" in runs
+    assert f"native q8_0_mm, exact float32 products) at M=1..{native_q8.MAX_M}, then blocks decoded" in runs
+    bf16 = GGUFTorchLinear.describe_runs(Problem(lay.scheme, torch.bfloat16), Target.here("cpu"))
+    assert f"at M=1..{native_q8.BF16_MAX_M}, then Q8_0 as int4pack planes" in bf16
 
 
 def test_without_the_extra_the_exact_decode_runs_and_explain_says_how_to_get_it(monkeypatch) -> None:
@@ -117,6 +129,6 @@ def test_without_the_extra_the_exact_decode_runs_and_explain_says_how_to_get_it(
     x = torch.randn(2, 64)
     close(lay(x), x.double().numpy() @ gguf.quants.dequantize(raw, Q8).astype(np.float64).T)
     runs = GGUFTorchLinear.describe_runs(Problem(lay.scheme, torch.float32), Target.here("cpu"))
-    assert "the native extra (pip install ./native, an AVX-512 CPU) would multiply the stored blocks" in runs
+    assert "(the native extra, pip install ./native on an AVX-512 CPU, would multiply the stored blocks" in runs
     with pytest.raises(RuntimeError, match="pip install ./native"):
         native_q8.matmul(x, lay.qweight, 64)

@@ -161,12 +161,15 @@ class GGUFTorchLinear(GGUFQuantLinear):
     def describe_runs(cls, problem: Problem, target: Target) -> str:
         name = str(problem.scheme.qtype or "")
         exact = "blocks decoded tile by tile in each forward (float32 GEMM on CPU: exact)"
+        q8 = ""
         if name == "Q8_0" and any(d.kind is DEVICE.CPU for d in target.devices):
-            q8 = (f"the blocks as stored times float32 activations (native q8_0_mm, exact products) at M=1.."
-                  f"{native_q8.MAX_M}, then the exact decode" if native_q8.native_q8() is not None else
-                  "the exact decode; the native extra (pip install ./native, an AVX-512 CPU) would multiply the "
-                  f"stored blocks directly up to M={native_q8.MAX_M}")
-            exact = exact if problem.dtype == torch.bfloat16 else q8
+            top = native_q8.max_m(problem.dtype)
+            q8 = (f"the blocks as stored (native q8_0_mm, exact float32 products) at M=1..{top}, then "
+                  if native_q8.native_q8() is not None else
+                  f"(the native extra, pip install ./native on an AVX-512 CPU, would multiply the stored blocks "
+                  f"exactly up to M={top}) ")
+            if problem.dtype != torch.bfloat16:
+                return q8 + exact
         if problem.dtype != torch.bfloat16 or not gguf_int4pack.supported(name) or all(
                 d.kind is not DEVICE.CPU for d in target.devices):
             return exact
@@ -174,7 +177,8 @@ class GGUFTorchLinear(GGUFQuantLinear):
         fallback = ("the exact decode" if group < 32 else
                     f"the int4pack op up to M={gguf_int4pack.MAX_M[planes]}, the exact decode above")
         how = native_int4.describe(group, fallback)
-        return f"bfloat16 on CPU: {name} as int4pack planes (per-{group} scales in bfloat16): {how}; otherwise {exact}"
+        planes_txt = f"{name} as int4pack planes (per-{group} scales in bfloat16): {how}"
+        return f"bfloat16 on CPU: {q8}{planes_txt}; otherwise {exact}"
 
     def prepare(self) -> None:
         self._int4pack: gguf_int4pack.GGUFInt4Pack | None = None  # built on the first call that uses it
@@ -201,24 +205,24 @@ class GGUFTorchLinear(GGUFQuantLinear):
         return native_int4.native_int4() is not None and self.int4pack_runtime().native_kernel(m) is not None
 
     def uses_native_q8(self, x2: torch.Tensor) -> bool:
-        """Route this call to the native Q8_0 kernel? (CPU, Q8_0, no gradient, M up to ``native_q8.MAX_M``.)"""
+        """Route this call to the native Q8_0 kernel? (CPU, Q8_0, no gradient, M up to ``native_q8.max_m``.)"""
         return (x2.device.type == "cpu" and self.qtype is gguf.GGMLType.Q8_0 and self.qweight.device.type == "cpu"
-                and not (torch.is_grad_enabled() and x2.requires_grad) and native_q8.runs(x2.shape[0]))
+                and not (torch.is_grad_enabled() and x2.requires_grad) and native_q8.runs(x2.shape[0], x2.dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         self.ensure_prepared()
         x2 = x.reshape(-1, self.in_features)
-        if x2.shape[0] and self.uses_int4pack(x2):
-            y = gguf_int4pack.matmul(self.int4pack_runtime(), x2, self.out_features)
-            if self.bias is not None:
-                y = y + self.bias.to(y.dtype)
-            return y.reshape(*x.shape[:-1], self.out_features)
         if x2.shape[0] and self.uses_native_q8(x2):  # the file's Q8_0 blocks, float32 products (exact)
             y = native_q8.matmul(x2, self.qweight, self.in_features)
             if self.bias is not None:
                 y = y + self.bias.to(y.dtype)
             return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        if x2.shape[0] and self.uses_int4pack(x2):
+            y = gguf_int4pack.matmul(self.int4pack_runtime(), x2, self.out_features)
+            if self.bias is not None:
+                y = y + self.bias.to(y.dtype)
+            return y.reshape(*x.shape[:-1], self.out_features)
         # On CPU the tiles multiply in float32 (the exact decode; faster there than casting every tile to
         # bf16/fp16), elsewhere in the activation dtype.
         work = torch.float32 if x.device.type == "cpu" else x.dtype

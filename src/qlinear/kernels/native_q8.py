@@ -3,7 +3,8 @@
 ``qlinear_native._q8.q8_0_mm`` reads the layer's ``qweight`` as the file holds it (``[N, K/32 * 34]``: a
 float16 scale and 32 int8 codes per block), so nothing is derived or kept; products ``q * x`` are exact in
 float32 and summed in float32, the precision of GGUFTorchLinear's exact decode path, without decoding the
-weight. Up to 4 activation rows share each block; beyond ``MAX_M`` rows the decode + float32 GEMM wins.
+weight. Up to 4 activation rows share each block; beyond ``MAX_M`` rows the decode + float32 GEMM wins, and
+for bfloat16 activations beyond ``BF16_MAX_M`` the int4pack planes on AMX.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ import torch.nn.functional as F
 #: "Crossover"): ~0.6 ms per row (each 4-row pass re-reads the weight), M=32 19.1-19.5 ms vs 86-88; M=64
 #: 38 vs 100 there, but 71 vs 52 in an earlier run, so the bound stays where every run agreed.
 MAX_M = 32
+#: Largest M for ``q8_0_mm`` on bfloat16 activations, where its rival is the int4pack planes route (two 4-bit
+#: planes on the extra's int4 kernels, AMX from M=2); same results file, "bfloat16": M=4 2.68 vs 7.44 ms
+#: (4096x4096), 10.0 vs 15.9 (4096x14336); M=6 4.46 vs 3.27, 24.1 vs 17.9. It is also exact where the planes
+#: round each block's scale to bfloat16.
+BF16_MAX_M = 4
 BLOCK, BYTES = 32, 34
 
 
@@ -37,9 +43,14 @@ def native_q8() -> Any:
 _MODULE: Any = None
 
 
-def runs(m: int) -> bool:
-    """Does the extra take ``m`` rows of a Q8_0 product here?"""
-    return 0 < m <= MAX_M and native_q8() is not None
+def max_m(dtype: torch.dtype) -> int:
+    """Largest M this route takes for activations of ``dtype``."""
+    return BF16_MAX_M if dtype == torch.bfloat16 else MAX_M
+
+
+def runs(m: int, dtype: torch.dtype) -> bool:
+    """Does the extra take ``m`` rows of a Q8_0 product in ``dtype`` here?"""
+    return 0 < m <= max_m(dtype) and native_q8() is not None
 
 
 def matmul(x2: torch.Tensor, blocks: torch.Tensor, in_features: int) -> torch.Tensor:
