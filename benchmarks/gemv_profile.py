@@ -32,8 +32,10 @@ from qlinear.kernels.triton.qmm import lock_slots, qmm
 
 @triton.jit
 def stream_kernel(W, PART, LOCK, Y, N, KW, NP, SPLIT_K, BLOCK_N: tl.constexpr, BKW: tl.constexpr,
-                  SYNC: tl.constexpr):
-    """The GEMV's word loads alone: XOR of every word of a column's share, as float."""
+                  SYNC: tl.constexpr, TAIL: tl.constexpr = "store"):
+    """The GEMV's word loads alone: XOR of every word of a column's share, as float. Without ``SYNC``, ``TAIL``
+    adds the handshake's steps one by one: "store" (partials only), "barrier", "relaxed" (a relaxed counter
+    increment), "acq_rel" (the real counter, nobody sums)."""
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -50,6 +52,12 @@ def stream_kernel(W, PART, LOCK, Y, N, KW, NP, SPLIT_K, BLOCK_N: tl.constexpr, B
         store_split(Y, Y, PART, LOCK, out, offs_m, offs_n, 1, N, N, pid_n, pid_k, SPLIT_K, False, True, 1, BLOCK_N)
     else:
         tl.store(PART + pid_k * N + offs_n[None, :], out, mask=(offs_n < N)[None, :])
+        if TAIL != "store":
+            tl.debug_barrier()
+        if TAIL == "relaxed":
+            tl.atomic_add(LOCK + pid_n, 1, sem="relaxed", scope="gpu")
+        if TAIL == "acq_rel":
+            tl.atomic_add(LOCK + pid_n, 1, sem="acq_rel", scope="gpu")
 
 
 @triton.jit
@@ -126,7 +134,10 @@ def sweep(k: int, n: int, bits: int, reps: int, gen: torch.Generator) -> None:
         print(f"- {kind}: {cells}", flush=True)
 
 
-def stream_fns(ps: list, cfg, sync: bool) -> list:
+HANDSHAKE = ("store", "barrier", "relaxed", "acq_rel")
+
+
+def stream_fns(ps: list, cfg, sync: bool, tail: str = "store") -> list:
     n = ps[0].n
     part = torch.empty((cfg.split_k, 1, n), dtype=torch.float32, device=DEV)
     y = torch.empty((1, n), dtype=torch.bfloat16, device=DEV)
@@ -136,7 +147,8 @@ def stream_fns(ps: list, cfg, sync: bool) -> list:
 
     def fn(_x, q):
         stream_kernel[grid](q.qweight, part, lock, y, n, q.qweight.shape[0], q.np, cfg.split_k,
-                            BLOCK_N=cfg.block_n, BKW=bkw, SYNC=sync, num_warps=cfg.num_warps, num_stages=2)
+                            BLOCK_N=cfg.block_n, BKW=bkw, SYNC=sync, TAIL=tail, num_warps=cfg.num_warps,
+                            num_stages=2)
     return [lambda x, q=q: fn(x, q) for q in ps]
 
 
@@ -146,6 +158,7 @@ def main() -> int:
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--sweep", action="store_true", help="grids of the GEMV and the stream, and a flat read")
+    ap.add_argument("--handshake", action="store_true", help="the split-K handshake's steps, one by one (stream)")
     ap.add_argument("--once", choices=("gemv", "stream"), help="one call of one kernel (for ncu)")
     args = ap.parse_args()
     gen = torch.Generator(device=DEV).manual_seed(0)
@@ -153,6 +166,21 @@ def main() -> int:
         for shape in args.shapes.split(","):
             k, n = map(int, shape.split("x"))
             sweep(k, n, args.bits, args.reps, gen)
+        return 0
+    if args.handshake:
+        print("| K x N | config | " + " | ".join(HANDSHAKE) + " | full us |")
+        print("| --- " * (3 + len(HANDSHAKE)) + "|")
+        for shape in args.shapes.split(","):
+            k, n = map(int, shape.split("x"))
+            p = our_weight(k, n, args.bits, gen)
+            cfg = config(p, 1, "gemv")
+            x = torch.randn(1, k, device=DEV, dtype=torch.bfloat16, generator=gen)
+            r = copies(p.qweight.numel() * 4)
+            ps = [p] + [p.with_tensors(qweight=p.qweight.clone()) for _ in range(r - 1)]
+            cells = [f"{timed(stream_fns(ps, cfg, False, t), x, args.reps):.1f}" for t in HANDSHAKE]
+            cells.append(f"{timed(stream_fns(ps, cfg, True), x, args.reps):.1f}")
+            print(f"| {k}x{n} | {cfg.block_n}x{cfg.block_k} s{cfg.split_k} w{cfg.num_warps} | " + " | ".join(cells)
+                  + " |", flush=True)
         return 0
     bw = None if args.once else copy_bandwidth()
     if bw:
