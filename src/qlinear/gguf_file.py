@@ -174,7 +174,8 @@ class GGUFFile:
                rows: torch.Tensor | None = None) -> QuantLinear:
         """A prepared GGUF kernel for ``layer`` (selected like any layer; ``layer.choice.explain()`` says why).
         ``share``: on CPU the layer's ``qweight`` is the memory-mapped bytes themselves (no copy).
-        ``rows``: output rows (whole blocks rows) taken in this order, a copy (transformers' q/k order).
+        ``rows``: the output rows in this order (each with its blocks; a copy, not the mapped bytes), as
+        transformers orders q/k rows.
         ``affine_runtime``: where the Triton GGUF kernel is chosen, also build its faster, larger runtime for
         Q4_0/Q4_1/Q4_K (``GGUFTritonKernel``; docs/gguf.md); other kernels have no such runtime."""
         from .caps import Problem
@@ -189,9 +190,8 @@ class GGUFFile:
         bias = self.tensors.get(f"{layer}.bias")
         target = Target.here(device)
         choice = select(Problem(w.scheme(), dtype), target, backend)
-        lay = choice.kernel(w.scheme(), bias=bias is not None, dtype=dtype)
-        if affine_runtime and isinstance(lay, GGUFTritonKernel):
-            lay.affine_runtime = True
+        options = {"affine_runtime": True} if affine_runtime and issubclass(choice.kernel, GGUFTritonKernel) else {}
+        lay = choice.kernel(w.scheme(), bias=bias is not None, dtype=dtype, **options)
         raw = w.raw() if rows is None else torch.from_numpy(w.raw().copy())[rows].contiguous()
         b = None if bias is None else bias.dequantize()
         lay.load_blocks(raw, b if rows is None or b is None else torch.as_tensor(b)[rows], share=share)
