@@ -67,14 +67,14 @@ def cpu_ms(fn: Callable[[], object], reps: int) -> float:
 
 
 def cpu_table(shapes: tuple, qtypes: tuple, ms: tuple, reps: int) -> str:
-    """One thread. ``exact``: GGUFTorchLinear with float32 activations (Q8_0 up to ``native_q8.MAX_M``: the native
-    extra's ``q8_0_mm`` on the stored blocks; else decode + float32 GEMM); ``bf16``: the same
+    """One thread. ``exact``: GGUFTorchLinear with float32 activations (Q8_0/Q4_0/Q4_1 up to ``native_blocks.MAX_M``:
+    the native extra's kernel on the stored blocks; else decode + float32 GEMM); ``bf16``: the same
     layer with bfloat16 activations, which routes to the native extra's kernels where installed, else small M
     to the int4pack op (``gguf_int4pack``); ``op`` and ``decode``: the op (native extra switched off) and the
     decode route timed on their own at every M (where the crossover ``MAX_M`` comes from)."""
     import importlib.util
 
-    from qlinear.kernels import gguf_int4pack, native_int4, native_q8
+    from qlinear.kernels import gguf_int4pack, native_blocks, native_int4
 
     def op_only(rt: gguf_int4pack.GGUFInt4Pack, xb: torch.Tensor, n: int) -> torch.Tensor:
         saved, native_int4._MODULE = native_int4._MODULE, False
@@ -84,11 +84,11 @@ def cpu_table(shapes: tuple, qtypes: tuple, ms: tuple, reps: int) -> str:
             native_int4._MODULE = saved
 
     def decode_only(lay: GGUFTorchLinear, x: torch.Tensor) -> torch.Tensor:
-        saved, native_q8._MODULE = native_q8._MODULE, False
+        saved, native_blocks._MODULE = native_blocks._MODULE, False
         try:
             return lay(x)
         finally:
-            native_q8._MODULE = saved
+            native_blocks._MODULE = saved
 
     from qlinear.kernels.gguf_ggml import GGML_IDS, ggml_matmul
 
@@ -109,7 +109,7 @@ def cpu_table(shapes: tuple, qtypes: tuple, ms: tuple, reps: int) -> str:
                 t_exact = cpu_ms(lambda: exact(x), reps)  # noqa: B023
                 t_fast = cpu_ms(lambda: fast(xb), reps)  # noqa: B023
                 kernel = rt.native_kernel(m) if rt else None
-                route = ("native q8_0_mm" if fast.uses_native_q8(xb) else "decode" if not fast.uses_int4pack(xb)
+                route = ("native blocks" if fast.uses_native_blocks(xb) else "decode" if not fast.uses_int4pack(xb)
                          else f"native {kernel.value}" if kernel else "op")
                 t_op = cpu_ms(lambda: op_only(rt, xb, n), reps) if rt and rt.op else float("nan")  # noqa: B023
                 t_nat, k_nat = float("nan"), "-"  # the extra's kernel for this M, whether or not the route takes it
@@ -119,15 +119,15 @@ def cpu_table(shapes: tuple, qtypes: tuple, ms: tuple, reps: int) -> str:
                     xk = torch.nn.functional.pad(xk, (0, rt.planes * rt.k_pad - xk.shape[1]))
                     t_nat = cpu_ms(lambda: native_int4.matmul(xk, rt.packed, rt.scales_zeros, rt.group, kn), reps)  # noqa: B023
                     k_nat = kn.value
-                q8 = exact.uses_native_q8(x)
+                stored = exact.uses_native_blocks(x)
                 # the decode route computes in float32 either way
-                t_dec = (t_fast if route == "decode" else t_exact if not q8 else
+                t_dec = (t_fast if route == "decode" else t_exact if not stored else
                          cpu_ms(lambda: decode_only(exact, x), reps))  # noqa: B023
                 t_dense = cpu_ms(lambda: torch.nn.functional.linear(xb, dense), reps)  # noqa: B023
                 t_ggml = float("nan")
                 if have_ggml:
                     t_ggml = cpu_ms(lambda: ggml_matmul(raw, GGML_IDS[G.ggml_type(qt)], x, 1), reps)  # noqa: B023
-                rows.append(f"| {k}x{n} | {qt} | {m} | {t_exact:.2f} ({'native q8_0_mm' if q8 else 'decode'}) | "
+                rows.append(f"| {k}x{n} | {qt} | {m} | {t_exact:.2f} ({'native blocks' if stored else 'decode'}) | "
                             f"{t_fast:.2f} ({route}) | {t_op:.2f} | {t_nat:.2f} ({k_nat}) | "
                             f"{t_dec:.2f} | {t_ggml:.2f} | {t_dense:.2f} | {t_fast / t_ggml:.2f}x | "
                             f"{t_ggml / t_fast:.2f}x | {t_exact / t_ggml:.2f}x |")

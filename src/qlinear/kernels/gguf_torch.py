@@ -21,7 +21,7 @@ from ..enums import BACKEND, DEVICE, FORMAT
 from ..layouts import gguf
 from ..spec import Scheme
 from ..target import Target
-from . import gguf_int4pack, native_int4, native_q8
+from . import gguf_int4pack, native_blocks, native_int4
 from .base import QuantLinear
 from .planned.gguf import GGUFTorchLinear as _Declared
 
@@ -161,15 +161,15 @@ class GGUFTorchLinear(GGUFQuantLinear):
     def describe_runs(cls, problem: Problem, target: Target) -> str:
         name = str(problem.scheme.qtype or "")
         exact = "blocks decoded tile by tile in each forward (float32 GEMM on CPU: exact)"
-        q8 = ""
-        if name == "Q8_0" and any(d.kind is DEVICE.CPU for d in target.devices):
-            top = native_q8.max_m(problem.dtype)
-            q8 = (f"the blocks as stored (native q8_0_mm, exact float32 products) at M=1..{top}, then "
-                  if native_q8.native_q8() is not None else
-                  f"(the native extra, pip install ./native on an AVX-512 CPU, would multiply the stored blocks "
-                  f"exactly up to M={top}) ")
+        stored = ""  # the native extra's kernel on the blocks as stored
+        top = native_blocks.max_m(name, problem.dtype)
+        if top and any(d.kind is DEVICE.CPU for d in target.devices):
+            stored = (f"the blocks as stored (native blocks kernel, exact float32 products) at M=1..{top}, then "
+                      if native_blocks.native_blocks() is not None else
+                      f"(the native extra, pip install ./native on an AVX-512 CPU, would multiply the stored blocks "
+                      f"exactly up to M={top}) ")
             if problem.dtype != torch.bfloat16:
-                return q8 + exact
+                return stored + exact
         if problem.dtype != torch.bfloat16 or not gguf_int4pack.supported(name) or all(
                 d.kind is not DEVICE.CPU for d in target.devices):
             return exact
@@ -178,7 +178,7 @@ class GGUFTorchLinear(GGUFQuantLinear):
                     f"the int4pack op up to M={gguf_int4pack.MAX_M[planes]}, the exact decode above")
         how = native_int4.describe(group, fallback)
         planes_txt = f"{name} as int4pack planes (per-{group} scales in bfloat16): {how}"
-        return f"bfloat16 on CPU: {q8}{planes_txt}; otherwise {exact}"
+        return f"bfloat16 on CPU: {stored}{planes_txt}; otherwise {exact}"
 
     def prepare(self) -> None:
         self._int4pack: gguf_int4pack.GGUFInt4Pack | None = None  # built on the first call that uses it
@@ -204,17 +204,19 @@ class GGUFTorchLinear(GGUFQuantLinear):
             return True
         return native_int4.native_int4() is not None and self.int4pack_runtime().native_kernel(m) is not None
 
-    def uses_native_q8(self, x2: torch.Tensor) -> bool:
-        """Route this call to the native Q8_0 kernel? (CPU, Q8_0, no gradient, M up to ``native_q8.max_m``.)"""
-        return (x2.device.type == "cpu" and self.qtype is gguf.GGMLType.Q8_0 and self.qweight.device.type == "cpu"
-                and not (torch.is_grad_enabled() and x2.requires_grad) and native_q8.runs(x2.shape[0], x2.dtype))
+    def uses_native_blocks(self, x2: torch.Tensor) -> bool:
+        """Route this call to the native blocks kernel? (CPU, Q8_0/Q4_0/Q4_1, no gradient, M up to
+        ``native_blocks.max_m`` for the activation dtype.)"""
+        return (x2.device.type == "cpu" and self.qweight.device.type == "cpu"
+                and not (torch.is_grad_enabled() and x2.requires_grad)
+                and native_blocks.runs(self.qtype.name, x2.shape[0], x2.dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         self.ensure_prepared()
         x2 = x.reshape(-1, self.in_features)
-        if x2.shape[0] and self.uses_native_q8(x2):  # the file's Q8_0 blocks, float32 products (exact)
-            y = native_q8.matmul(x2, self.qweight, self.in_features)
+        if x2.shape[0] and self.uses_native_blocks(x2):  # the file's blocks, float32 products (exact)
+            y = native_blocks.matmul(x2, self.qweight, self.qtype.name, self.in_features)
             if self.bias is not None:
                 y = y + self.bias.to(y.dtype)
             return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
