@@ -30,12 +30,13 @@ def qt(name: str) -> gguf.GGMLQuantizationType:
 
 
 def blocks(name: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, np.ndarray]:
-    """Random bytes [N, ceil(K/32)*bytes] of type ``name`` with finite float16 scales (and minimums), and the
-    float64 weight [N, K]."""
+    """Random bytes [N, ceil(K/values)*bytes] of type ``name`` with finite float16 scales (and minimums), and
+    the float64 weight [N, K]."""
     rng = np.random.default_rng(seed)
-    nblk, size = -(-k // 32), native_blocks.TYPES[name]
+    values, size = native_blocks.TYPES[name]
+    nblk = -(-k // values)
     raw = rng.integers(0, 256, (n, nblk, size), dtype=np.uint8)
-    halves = 2 if name == "Q4_1" else 1
+    halves = 2 if name in ("Q4_1", "Q4_K") else 1
     scales = rng.uniform(-0.02, 0.02, (n, nblk, halves)).astype(np.float16)
     raw[:, :, : 2 * halves] = np.frombuffer(scales.tobytes(), dtype=np.uint8).reshape(n, nblk, 2 * halves)
     raw = raw.reshape(n, nblk * size)
@@ -49,10 +50,10 @@ def close(y: torch.Tensor, ref: np.ndarray) -> None:
 
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9, 16])
-@pytest.mark.parametrize(("k", "n"), [(256, 37), (96, 64), (4096, 33), (2080, 8)])
+@pytest.mark.parametrize(("k", "n"), [(256, 37), (96, 64), (4096, 33), (2304, 8)])
 def test_blocks_match_float64(name: str, m: int, k: int, n: int) -> None:
-    """Odd N (the 1-row tail after row pairs), 3 blocks, a long row, 65 blocks (a chunk of 64 scales plus
-    one); M across the 4-row tiles and their tail."""
+    """Odd N (the 1-row tail after row pairs), 3 blocks (Q4_K: one super-block, padded), a long row, 72 blocks
+    (a chunk of 64 scales plus 8); M across the 4-row tiles and their tail."""
     w, w64 = blocks(name, n, k, seed=k + n)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     close(native_blocks.matmul(x, w, name, k), x.double().numpy() @ w64.T)
@@ -60,11 +61,13 @@ def test_blocks_match_float64(name: str, m: int, k: int, n: int) -> None:
 
 @pytest.mark.parametrize("name", TYPES)
 def test_real_quantizer_partial_block_and_dtypes(name: str) -> None:
-    """gguf-py's quantizer; K = 100 (the last block padded with zero activations); bfloat16 and float16 inputs
-    are multiplied exactly as given (their float32 values)."""
+    """gguf-py's quantizer (Q4_K: qlinear's, tested byte-identical to ggml's elsewhere; gguf-py has none);
+    K = 100 (the last block padded with zero activations); bfloat16 and float16 inputs are multiplied exactly as
+    given (their float32 values)."""
     rng = np.random.default_rng(3)
-    w = rng.standard_normal((24, 100)).astype(np.float32)
-    raw = gguf.quants.quantize(np.pad(w, ((0, 0), (0, 28))), qt(name))
+    values = native_blocks.TYPES[name][0]
+    w = np.pad(rng.standard_normal((24, 100)).astype(np.float32), ((0, 0), (0, -100 % values)))
+    raw = G.quantize(w, name) if name == "Q4_K" else gguf.quants.quantize(w, qt(name))
     w64 = gguf.quants.dequantize(raw, qt(name)).astype(np.float64)[:, :100]
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         x = torch.randn(3, 100).to(dtype)
@@ -92,14 +95,14 @@ def test_bad_arguments_name_what_was_expected() -> None:
         native_blocks.matmul(torch.randn(2, 63), w, "Q8_0", 64)
     with pytest.raises(ValueError, match=r"uint8 Q4_0 blocks \[N, 36\]; got .* \(8, 68\)"):
         native_blocks.matmul(torch.randn(2, 64), w, "Q4_0", 64)
-    with pytest.raises(ValueError, match="expected a block type Q8_0, Q4_0, Q4_1, got Q5_0"):
+    with pytest.raises(ValueError, match="expected a block type Q8_0, Q4_0, Q4_1, Q4_K, got Q5_0"):
         native_blocks.matmul(torch.randn(2, 64), w, "Q5_0", 64)
     out = torch.empty(1, 8)
     with pytest.raises(ValueError, match="K % 32 == 0.*got M=1 K=48"):
         mod.mm("Q8_0", torch.randn(1, 48).data_ptr(), 0, w.data_ptr(), out.data_ptr(), 1, 48, 8, 48, 8, 1)
-    with pytest.raises(ValueError, match="block sums of x for Q4_0/Q4_1"):
+    with pytest.raises(ValueError, match="block sums of x for Q4_0/Q4_1/Q4_K"):
         mod.mm("Q4_1", torch.randn(1, 64).data_ptr(), 0, w.data_ptr(), out.data_ptr(), 1, 64, 8, 64, 8, 1)
-    with pytest.raises(ValueError, match="expected a block type Q8_0, Q4_0 or Q4_1, got IQ4_NL"):
+    with pytest.raises(ValueError, match="expected a block type Q8_0, Q4_0, Q4_1 or Q4_K, got IQ4_NL"):
         mod.mm("IQ4_NL", 0, 0, 0, 0, 1, 64, 8, 64, 8, 1)
 
 
@@ -115,25 +118,27 @@ def test_layer_routes_small_m_to_the_kernel(name: str, monkeypatch) -> None:
     """GGUFTorchLinear multiplies the stored blocks up to max_m rows (float32: MAX_M; bfloat16: BF16_MAX_M for
     Q8_0, none for the 4-bit types, whose one int4pack plane is faster) and takes its other paths above."""
     rng = np.random.default_rng(7)
-    raw = gguf.quants.quantize(rng.standard_normal((40, 96)).astype(np.float32), qt(name))
+    k = 256 if name == "Q4_K" else 96
+    w = rng.standard_normal((40, k)).astype(np.float32)
+    raw = G.quantize(w, name) if name == "Q4_K" else gguf.quants.quantize(w, qt(name))
     w64 = gguf.quants.dequantize(raw, qt(name)).astype(np.float64)
     bias = torch.from_numpy(rng.standard_normal(40).astype(np.float32))
     calls: list[int] = []
     real = native_blocks.matmul
     monkeypatch.setattr(native_blocks, "matmul", lambda *a: calls.append(a[0].shape[0]) or real(*a))
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
-        lay = layer_of(name, raw, 40, 96, dtype, bias)
+        lay = layer_of(name, raw, 40, k, dtype, bias)
         top = native_blocks.max_m(name, dtype)
         calls.clear()
         for m in sorted({1, top, top + 1} - {0}):
-            x = torch.randn(m, 96).to(dtype)
+            x = torch.randn(m, k).to(dtype)
             ref = x.double().numpy() @ w64.T + bias.double().numpy()
             assert np.abs(lay(x).double().numpy() - ref).max() / np.abs(ref).max() < tol
         assert calls == [m for m in sorted({1, top}) if 0 < m <= top]
         runs = GGUFTorchLinear.describe_runs(Problem(lay.scheme, dtype), Target.here("cpu"))
         assert (f"(native blocks kernel, exact float32 products) at M=1..{top}" in runs) is (top > 0)
     assert native_blocks.max_m("Q8_0", torch.bfloat16) == native_blocks.BF16_MAX_M
-    assert native_blocks.max_m("Q4_K", torch.float32) == 0
+    assert native_blocks.max_m("Q5_K", torch.float32) == 0
 
 
 def test_without_the_extra_the_exact_decode_runs_and_explain_says_how_to_get_it(monkeypatch) -> None:

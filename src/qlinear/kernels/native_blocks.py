@@ -1,11 +1,13 @@
-"""GGUF Q8_0, Q4_0 and Q4_1 blocks times float32 activations in qlinear's native extra (``pip install ./native``).
+"""GGUF Q8_0, Q4_0, Q4_1 and Q4_K blocks times float32 activations in qlinear's native extra (``pip install
+./native``).
 
-``qlinear_native._blocks.mm`` reads the layer's ``qweight`` as the file holds it (``[N, K/32 * bytes]``:
-float16 scale(s) and 32 codes per block), so nothing is derived or kept; products ``q * x`` are exact in
-float32 and summed in float32, the precision of GGUFTorchLinear's exact decode path, without decoding the
-weight (layout and arithmetic: ``native/src/qlinear_native/blocks.c``). Up to 4 activation rows share each
-block; beyond ``MAX_M`` rows the decode + float32 GEMM wins, and for bfloat16 activations the int4pack planes
-(AMX) win beyond ``BF16_MAX_M`` for Q8_0 and at every M for the 4-bit types (one plane, its GEMV at M=1).
+``qlinear_native._blocks.mm`` reads the layer's ``qweight`` as the file holds it (``[N, blocks * bytes]``:
+float16 scale(s) and 32 codes per block; Q4_K super-blocks of 256), so nothing is derived or kept; products
+``q * x`` are exact in float32 and summed in float32, the precision of GGUFTorchLinear's exact decode path,
+without decoding the weight (layout and arithmetic: ``native/src/qlinear_native/blocks.c``). Up to 4
+activation rows share each block; beyond ``MAX_M`` rows the decode + float32 GEMM wins, and for bfloat16
+activations the int4pack planes (AMX) win beyond ``BF16_MAX_M`` for Q8_0 and at every M for the 4-bit types
+(one plane, its GEMV at M=1).
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-#: block types the kernel reads, with their bytes per 32 weights
-TYPES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+#: block types the kernel reads: (values, bytes) per block
+TYPES = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q4_K": (256, 144)}
 #: Largest M on float32/float16 activations, measured against the exact decode path of GGUFTorchLinear (one
 #: thread, 4096x4096, 2026-12-02; results/cpu-gguf_linear-native-q8-2026-12-02.md, "Crossover", Q8_0): ~0.6 ms
 #: per row (each 4-row pass re-reads the weight), M=32 19.1-19.5 ms vs 86-88; M=64 38 vs 100 there, but 71 vs 52
@@ -62,8 +64,8 @@ def runs(qtype: str, m: int, dtype: torch.dtype) -> bool:
 
 
 def matmul(x2: torch.Tensor, blocks: torch.Tensor, qtype: str, in_features: int) -> torch.Tensor:
-    """``x2 [M, K]`` (any float dtype, on CPU) times the ``qtype`` weight ``blocks`` (uint8 ``[N, ceil(K/32) *
-    bytes]``) -> ``[M, N]`` float32. K is padded with zeros to whole blocks."""
+    """``x2 [M, K]`` (any float dtype, on CPU) times the ``qtype`` weight ``blocks`` (uint8 ``[N, ceil(K/values)
+    * bytes]``) -> ``[M, N]`` float32. K is padded with zeros to whole blocks."""
     mod = native_blocks()
     if mod is None:
         raise RuntimeError("native_blocks.matmul: the native extra is not available (pip install ./native on a "
@@ -71,14 +73,17 @@ def matmul(x2: torch.Tensor, blocks: torch.Tensor, qtype: str, in_features: int)
     if qtype not in TYPES:
         raise ValueError(f"native_blocks.matmul: expected a block type {', '.join(TYPES)}, got {qtype}")
     n, row_bytes = blocks.shape
-    nblk = -(-in_features // BLOCK)
-    if blocks.dtype != torch.uint8 or row_bytes != nblk * TYPES[qtype] or x2.dim() != 2 or x2.shape[1] != in_features:
+    values, size = TYPES[qtype]
+    k_pad = -(-in_features // values) * values
+    if (blocks.dtype != torch.uint8 or row_bytes != k_pad // values * size or x2.dim() != 2
+            or x2.shape[1] != in_features):
         raise ValueError(f"native_blocks.matmul: expected x [M, {in_features}] and uint8 {qtype} blocks "
-                         f"[N, {nblk * TYPES[qtype]}]; got x {tuple(x2.shape)}, blocks {blocks.dtype} "
+                         f"[N, {k_pad // values * size}]; got x {tuple(x2.shape)}, blocks {blocks.dtype} "
                          f"{tuple(blocks.shape)}")
+    nblk = k_pad // BLOCK
     xf = x2.to(torch.float32)
-    if nblk * BLOCK != in_features:
-        xf = F.pad(xf, (0, nblk * BLOCK - in_features))
+    if k_pad != in_features:
+        xf = F.pad(xf, (0, k_pad - in_features))
     xf = xf.contiguous()
     sums = xf.view(-1, nblk, BLOCK).sum(-1).contiguous() if qtype != "Q8_0" else None  # per block, for d*(-8), m
     w = blocks.contiguous()
