@@ -104,15 +104,18 @@ static inline __m512 gather_half(const uint8_t *row, long long b, long long byte
  * Q8_0) of blocks b0 .. b0+nb-1 of a row: 16 gathered at a time, Q4_K's from its packed 6-bit fields. */
 static inline __attribute__((always_inline)) void scales(const uint8_t *row, long long b0, long long nb,
                                                            const ql_block t, float *d, float *c) {
-    if (t == QL_Q4_K) {
-        for (long long b = b0; b < b0 + nb; b++) {
+    if (t == QL_Q4_K) { /* b0 and nb are whole super-blocks (CHUNK and K both multiples of 8 blocks) */
+        for (long long b = b0; b < b0 + nb; b += 8) {
             const uint8_t *sb = row + b / 8 * 144;
             uint16_t h[2];
             __builtin_memcpy(h, sb, 4);
-            int s, m;
-            q4k_scale_min(sb + 4, (int)(b % 8), &s, &m);
-            d[b - b0] = _cvtsh_ss(h[0]) * (float)s;
-            c[b - b0] = -_cvtsh_ss(h[1]) * (float)m;
+            const float dv = _cvtsh_ss(h[0]), dmin = _cvtsh_ss(h[1]);
+            for (int j = 0; j < 8; j++) {
+                int s, m;
+                q4k_scale_min(sb + 4, j, &s, &m);
+                d[b - b0 + j] = dv * (float)s;
+                c[b - b0 + j] = -dmin * (float)m;
+            }
         }
         return;
     }
