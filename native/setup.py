@@ -3,10 +3,10 @@
 from setuptools import Extension, setup
 
 FLAGS = ["-O3", "-march=native", "-std=gnu11"]
-OPENMP = ["-fopenmp"]  # the int4 kernels split output channels over torch's thread count
+OPENMP = ["-fopenmp"]  # the int4 and block kernels split output channels over torch's thread count
 SRC = "src/qlinear_native/"
 setup(ext_modules=[Extension("qlinear_native._decode", [SRC + "_decode.c"], extra_compile_args=FLAGS),
                    Extension("qlinear_native._int4", [SRC + f for f in ("_int4.c", "int4_amx.c", "int4_mv.c")],
                              depends=[SRC + "int4.h"], extra_compile_args=FLAGS + OPENMP, extra_link_args=OPENMP),
-                   Extension("qlinear_native._blocks", [SRC + "_blocks.c", SRC + "blocks.c"], depends=[SRC + "blocks.h"],
-                             extra_compile_args=FLAGS + OPENMP, extra_link_args=OPENMP)])
+                   Extension("qlinear_native._blocks", [SRC + "_blocks.c", SRC + "blocks.c"],
+                             depends=[SRC + "blocks.h"], extra_compile_args=FLAGS + OPENMP, extra_link_args=OPENMP)])

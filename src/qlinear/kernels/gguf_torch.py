@@ -205,7 +205,7 @@ class GGUFTorchLinear(GGUFQuantLinear):
         return native_int4.native_int4() is not None and self.int4pack_runtime().native_kernel(m) is not None
 
     def uses_native_blocks(self, x2: torch.Tensor) -> bool:
-        """Route this call to the native blocks kernel? (CPU, Q8_0/Q4_0/Q4_1, no gradient, M up to
+        """Route this call to the native blocks kernel? (CPU, a type of ``native_blocks.TYPES``, no gradient, M up to
         ``native_blocks.max_m`` for the activation dtype.)"""
         return (x2.device.type == "cpu" and self.qweight.device.type == "cpu"
                 and not (torch.is_grad_enabled() and x2.requires_grad)
