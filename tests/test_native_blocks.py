@@ -36,9 +36,9 @@ def blocks(name: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, np.ndarr
     values, size = native_blocks.TYPES[name]
     nblk = -(-k // values)
     raw = rng.integers(0, 256, (n, nblk, size), dtype=np.uint8)
-    halves = 2 if name in ("Q4_1", "Q4_K") else 1
-    scales = rng.uniform(-0.02, 0.02, (n, nblk, halves)).astype(np.float16)
-    raw[:, :, : 2 * halves] = np.frombuffer(scales.tobytes(), dtype=np.uint8).reshape(n, nblk, 2 * halves)
+    for at in {"Q4_1": (0, 2), "Q4_K": (0, 2), "Q6_K": (208,)}.get(name, (0,)):  # float16 scales: finite
+        scales = rng.uniform(-0.02, 0.02, (n, nblk)).astype(np.float16)
+        raw[:, :, at:at + 2] = np.frombuffer(scales.tobytes(), dtype=np.uint8).reshape(n, nblk, 2)
     raw = raw.reshape(n, nblk * size)
     return torch.from_numpy(raw.copy()), gguf.quants.dequantize(raw, qt(name)).astype(np.float64)[:, :k]
 
@@ -61,13 +61,13 @@ def test_blocks_match_float64(name: str, m: int, k: int, n: int) -> None:
 
 @pytest.mark.parametrize("name", TYPES)
 def test_real_quantizer_partial_block_and_dtypes(name: str) -> None:
-    """gguf-py's quantizer (Q4_K: qlinear's, tested byte-identical to ggml's elsewhere; gguf-py has none);
+    """gguf-py's quantizer (K-quants: qlinear's, tested byte-identical to ggml's elsewhere; gguf-py has none);
     K = 100 (the last block padded with zero activations); bfloat16 and float16 inputs are multiplied exactly as
     given (their float32 values)."""
     rng = np.random.default_rng(3)
     values = native_blocks.TYPES[name][0]
     w = np.pad(rng.standard_normal((24, 100)).astype(np.float32), ((0, 0), (0, -100 % values)))
-    raw = G.quantize(w, name) if name == "Q4_K" else gguf.quants.quantize(w, qt(name))
+    raw = G.quantize(w, name) if name.endswith("_K") else gguf.quants.quantize(w, qt(name))
     w64 = gguf.quants.dequantize(raw, qt(name)).astype(np.float64)[:, :100]
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         x = torch.randn(3, 100).to(dtype)
@@ -95,14 +95,14 @@ def test_bad_arguments_name_what_was_expected() -> None:
         native_blocks.matmul(torch.randn(2, 63), w, "Q8_0", 64)
     with pytest.raises(ValueError, match=r"uint8 Q4_0 blocks \[N, 36\]; got .* \(8, 68\)"):
         native_blocks.matmul(torch.randn(2, 64), w, "Q4_0", 64)
-    with pytest.raises(ValueError, match="expected a block type Q8_0, Q4_0, Q4_1, Q4_K, got Q5_0"):
+    with pytest.raises(ValueError, match="expected a block type Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, got Q5_0"):
         native_blocks.matmul(torch.randn(2, 64), w, "Q5_0", 64)
     out = torch.empty(1, 8)
     with pytest.raises(ValueError, match="K % 32 == 0.*got M=1 K=48"):
         mod.mm("Q8_0", torch.randn(1, 48).data_ptr(), 0, w.data_ptr(), out.data_ptr(), 1, 48, 8, 48, 8, 1)
     with pytest.raises(ValueError, match="block sums of x for Q4_0/Q4_1/Q4_K"):
         mod.mm("Q4_1", torch.randn(1, 64).data_ptr(), 0, w.data_ptr(), out.data_ptr(), 1, 64, 8, 64, 8, 1)
-    with pytest.raises(ValueError, match="expected a block type Q8_0, Q4_0, Q4_1 or Q4_K, got IQ4_NL"):
+    with pytest.raises(ValueError, match="expected a block type Q8_0, Q4_0, Q4_1, Q4_K or Q6_K, got IQ4_NL"):
         mod.mm("IQ4_NL", 0, 0, 0, 0, 1, 64, 8, 64, 8, 1)
 
 
@@ -118,9 +118,9 @@ def test_layer_routes_small_m_to_the_kernel(name: str, monkeypatch) -> None:
     """GGUFTorchLinear multiplies the stored blocks up to max_m rows (float32: MAX_M; bfloat16: BF16_MAX_M for
     Q8_0, none for the 4-bit types, whose one int4pack plane is faster) and takes its other paths above."""
     rng = np.random.default_rng(7)
-    k = 256 if name == "Q4_K" else 96
+    k = 256 if name.endswith("_K") else 96
     w = rng.standard_normal((40, k)).astype(np.float32)
-    raw = G.quantize(w, name) if name == "Q4_K" else gguf.quants.quantize(w, qt(name))
+    raw = G.quantize(w, name) if name.endswith("_K") else gguf.quants.quantize(w, qt(name))
     w64 = gguf.quants.dequantize(raw, qt(name)).astype(np.float64)
     bias = torch.from_numpy(rng.standard_normal(40).astype(np.float32))
     calls: list[int] = []

@@ -29,17 +29,19 @@ static PyObject *mm(PyObject *self, PyObject *args) {
         t = QL_Q4_1;
     else if (!strcmp(name, "Q4_K"))
         t = QL_Q4_K;
+    else if (!strcmp(name, "Q6_K"))
+        t = QL_Q6_K;
     else {
-        PyErr_Format(PyExc_ValueError, "blocks mm: expected a block type Q8_0, Q4_0, Q4_1 or Q4_K, got %s", name);
+        PyErr_Format(PyExc_ValueError, "blocks mm: expected a block type Q8_0, Q4_0, Q4_1, Q4_K or Q6_K, got %s", name);
         return NULL;
     }
     if (!ql_blocks_ready()) {
         PyErr_SetString(PyExc_RuntimeError, "blocks mm: this CPU or OS offers no AVX-512F with F16C");
         return NULL;
     }
-    if (m <= 0 || k <= 0 || k % (t == QL_Q4_K ? 256 : 32) || n <= 0 || ldx < k || ldo < n || threads < 1 || (t != QL_Q8_0 && !xs)) {
+    if (m <= 0 || k <= 0 || k % (t == QL_Q4_K || t == QL_Q6_K ? 256 : 32) || n <= 0 || ldx < k || ldo < n || threads < 1 || (t != QL_Q8_0 && t != QL_Q6_K && !xs)) {
         PyErr_Format(PyExc_ValueError,
-                     "blocks mm: expected M > 0, K %% 32 == 0 (Q4_K: %% 256), N > 0, ldx >= K, ldo >= N, threads >= 1 and block sums "
+                     "blocks mm: expected M > 0, K %% 32 == 0 (K-quants: %% 256), N > 0, ldx >= K, ldo >= N, threads >= 1 and block sums "
                      "of x for Q4_0/Q4_1/Q4_K; got M=%lld K=%lld N=%lld ldx=%lld ldo=%lld threads=%d", m, k, n, ldx, ldo,
                      threads);
         return NULL;
@@ -55,7 +57,7 @@ static PyMethodDef methods[] = {
     {"available", available, METH_NOARGS, "True when this CPU and OS run the block kernel (AVX-512F, F16C)"},
     {"mm", mm, METH_VARARGS,
      "mm(qtype, x, xsums, blocks, out, m, k, n, ldx, ldo, threads): out = x @ W^T in float32, W the blocks "
-     "of qtype (Q8_0, Q4_0, Q4_1, Q4_K) as in the file, xsums [M, K/32] each block's sum of x"},
+     "of qtype (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) as in the file, xsums [M, K/32] each block's sum of x"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_blocks", NULL, -1, methods, NULL, NULL, NULL, NULL};

@@ -54,7 +54,7 @@ static inline long long block_bytes(ql_block t) { return t == QL_Q8_0 ? 34 : t =
 
 /* Bytes of one row of nblk 32-value blocks (Q4_K: nblk / 8 super-blocks of 144 bytes). */
 static inline long long row_bytes(ql_block t, long long nblk) {
-    return t == QL_Q4_K ? nblk / 8 * 144 : nblk * block_bytes(t);
+    return t == QL_Q4_K ? nblk / 8 * 144 : t == QL_Q6_K ? nblk / 8 * 210 : nblk * block_bytes(t);
 }
 
 /* Q4_K sub-block j (0..7) of a super-block: its 6-bit scale and minimum (ggml's get_scale_min_k4). */
@@ -71,6 +71,25 @@ static inline void q4k_scale_min(const uint8_t *sc, int j, int *s, int *m) {
 /* The 32 codes of 32-value block b of a row as float32: codes 0..15 and 16..31. */
 static inline __attribute__((always_inline)) void codes(const uint8_t *row, long long b, const ql_block t,
                                                           __m512 *lo, __m512 *hi) {
+    if (t == QL_Q6_K) { /* quarter qd of half h: low or high nibbles of 32 ql bytes, 2 bits of 32 qh bytes */
+        const int j = (int)(b % 8), h = j / 4, qd = j % 4;
+        const uint8_t *sb = row + b / 8 * 210, *ql = sb + h * 64 + (qd % 2) * 32, *qh = sb + 128 + h * 32;
+        const __m128i nib = _mm_cvtsi32_si128(4 * (qd / 2)), two = _mm_cvtsi32_si128(2 * qd);
+        const __m512i f = _mm512_set1_epi32(15), three = _mm512_set1_epi32(3), c32 = _mm512_set1_epi32(32);
+        for (int half = 0; half < 2; half++) {
+            const __m512i l = _mm512_and_si512(
+                _mm512_srl_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + 16 * half))), nib), f);
+            const __m512i u = _mm512_and_si512(
+                _mm512_srl_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + 16 * half))), two),
+                three);
+            const __m512 q = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_or_si512(l, _mm512_slli_epi32(u, 4)), c32));
+            if (half)
+                *hi = q;
+            else
+                *lo = q;
+        }
+        return;
+    }
     if (t == QL_Q4_K) { /* 64-value chunk (b % 8) / 2 of the super-block: 32 bytes, low nibbles first */
         const uint8_t *q = row + b / 8 * 144 + 16 + (b % 8) / 2 * 32;
         const __m128i shift = _mm_cvtsi32_si128(4 * (int)(b & 1));
@@ -101,9 +120,24 @@ static inline __m512 gather_half(const uint8_t *row, long long b, long long byte
 }
 
 /* Scale (into d) and code-independent part (into c: -8 d for Q4_0, m for Q4_1, -dmin m for Q4_K; unused for
- * Q8_0) of blocks b0 .. b0+nb-1 of a row: 16 gathered at a time, Q4_K's from its packed 6-bit fields. */
+ * Q8_0) of blocks b0 .. b0+nb-1 of a row: 16 gathered at a time, Q4_K's from its packed 6-bit fields. Q6_K has
+ * two 16-value sub-blocks per block: d gets the first one's scale, c the second's. */
 static inline __attribute__((always_inline)) void scales(const uint8_t *row, long long b0, long long nb,
                                                            const ql_block t, float *d, float *c) {
+    if (t == QL_Q6_K) { /* whole super-blocks, as for Q4_K; int8 scales per 16 values, d at the end */
+        for (long long b = b0; b < b0 + nb; b += 8) {
+            const uint8_t *sb = row + b / 8 * 210;
+            uint16_t h;
+            __builtin_memcpy(&h, sb + 208, 2);
+            const float dv = _cvtsh_ss(h);
+            const int8_t *sc = (const int8_t *)(sb + 192);
+            for (int j = 0; j < 8; j++) {
+                d[b - b0 + j] = dv * (float)sc[2 * j];
+                c[b - b0 + j] = dv * (float)sc[2 * j + 1];
+            }
+        }
+        return;
+    }
     if (t == QL_Q4_K) { /* b0 and nb are whole super-blocks (CHUNK and K both multiples of 8 blocks) */
         for (long long b = b0; b < b0 + nb; b += 8) {
             const uint8_t *sb = row + b / 8 * 144;
@@ -151,7 +185,7 @@ static inline __attribute__((always_inline)) void rows_tile(const float *x, long
         const long long nb = nblk - b0 < CHUNK ? nblk - b0 : CHUNK;
         for (int r = 0; r < nr; r++) { /* the chunk's scales; the code-independent part, 16 blocks at a time */
             scales(row[r], b0, nb, t, dd[r], cc[r]);
-            if (t != QL_Q8_0)
+            if (t != QL_Q8_0 && t != QL_Q6_K)
                 for (long long j = 0; j < nb; j += 16) {
                     const __mmask16 live = nb - j >= 16 ? 0xffff : (__mmask16)((1u << (nb - j)) - 1);
                     const __m512 cv = _mm512_maskz_loadu_ps(live, cc[r] + j);
@@ -169,8 +203,13 @@ static inline __attribute__((always_inline)) void rows_tile(const float *x, long
                 const float *xb = x + i * ldx + b * BLOCK;
                 const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
                 for (int r = 0; r < nr; r++) /* the scale comes from memory, broadcast by the load itself */
-                    acc[r][i] = _mm512_fmadd_ps(_mm512_fmadd_ps(hi[r], x1, _mm512_mul_ps(lo[r], x0)),
-                                                _mm512_set1_ps(dd[r][b - b0]), acc[r][i]);
+                    if (t == QL_Q6_K) /* a scale per 16 values */
+                        acc[r][i] = _mm512_fmadd_ps(_mm512_mul_ps(hi[r], x1), _mm512_set1_ps(cc[r][b - b0]),
+                                                    _mm512_fmadd_ps(_mm512_mul_ps(lo[r], x0),
+                                                                    _mm512_set1_ps(dd[r][b - b0]), acc[r][i]));
+                    else
+                        acc[r][i] = _mm512_fmadd_ps(_mm512_fmadd_ps(hi[r], x1, _mm512_mul_ps(lo[r], x0)),
+                                                    _mm512_set1_ps(dd[r][b - b0]), acc[r][i]);
             }
         }
     }
@@ -198,6 +237,8 @@ TILE(QL_Q4_1, 1)
 TILE(QL_Q4_1, 2)
 TILE(QL_Q4_K, 1)
 TILE(QL_Q4_K, 2)
+TILE(QL_Q6_K, 1)
+TILE(QL_Q6_K, 2)
 
 typedef void (*tile_fn)(const float *, long long, const float *, const uint8_t *, long long, float *, long long,
                         long long, int);
@@ -208,11 +249,13 @@ void ql_blocks_mm(ql_block t, const float *x, long long ldx, const float *xs, co
     const tile_fn one = t == QL_Q8_0   ? tile_QL_Q8_0_1
                         : t == QL_Q4_0 ? tile_QL_Q4_0_1
                         : t == QL_Q4_1 ? tile_QL_Q4_1_1
-                                       : tile_QL_Q4_K_1;
+                        : t == QL_Q4_K ? tile_QL_Q4_K_1
+                                       : tile_QL_Q6_K_1;
     const tile_fn two = t == QL_Q8_0   ? tile_QL_Q8_0_2
                         : t == QL_Q4_0 ? tile_QL_Q4_0_2
                         : t == QL_Q4_1 ? tile_QL_Q4_1_2
-                                       : tile_QL_Q4_K_2;
+                        : t == QL_Q4_K ? tile_QL_Q4_K_2
+                                       : tile_QL_Q6_K_2;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (long long i = 0; i < tiles; i++)
         for (long long m0 = 0; m0 < m; m0 += 4) {

@@ -1,4 +1,4 @@
-"""GGUF Q8_0, Q4_0, Q4_1 and Q4_K blocks times float32 activations in qlinear's native extra (``pip install
+"""GGUF Q8_0, Q4_0, Q4_1, Q4_K and Q6_K blocks times float32 activations in qlinear's native extra (``pip install
 ./native``).
 
 ``qlinear_native._blocks.mm`` reads the layer's ``qweight`` as the file holds it (``[N, blocks * bytes]``:
@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 
 #: block types the kernel reads: (values, bytes) per block
-TYPES = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q4_K": (256, 144)}
+TYPES = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q4_K": (256, 144), "Q6_K": (256, 210)}
+#: types whose weights have a code-independent part (-8 d, m, -dmin m): the kernel takes per-block sums of x
+OFFSET_TYPES = frozenset({"Q4_0", "Q4_1", "Q4_K"})
 #: Largest M on float32/float16 activations, measured against the exact decode path of GGUFTorchLinear (one
 #: thread, 4096x4096, 2026-12-02; results/cpu-gguf_linear-native-q8-2026-12-02.md, "Crossover", Q8_0): ~0.6 ms
 #: per row (each 4-row pass re-reads the weight), M=32 19.1-19.5 ms vs 86-88; M=64 38 vs 100 there, but 71 vs 52
@@ -85,7 +87,7 @@ def matmul(x2: torch.Tensor, blocks: torch.Tensor, qtype: str, in_features: int)
     if k_pad != in_features:
         xf = F.pad(xf, (0, k_pad - in_features))
     xf = xf.contiguous()
-    sums = xf.view(-1, nblk, BLOCK).sum(-1).contiguous() if qtype != "Q8_0" else None  # per block, for d*(-8), m
+    sums = xf.view(-1, nblk, BLOCK).sum(-1).contiguous() if qtype in OFFSET_TYPES else None
     w = blocks.contiguous()
     out = torch.empty(xf.shape[0], n, dtype=torch.float32)
     mod.mm(qtype, xf.data_ptr(), 0 if sums is None else sums.data_ptr(), w.data_ptr(), out.data_ptr(),
