@@ -23,6 +23,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gemv_sweep import setup
 from gpu_linear import DEV, config, copies, copy_bandwidth, our_weight, timed
 from qlinear.kernels.triton import configs
 from qlinear.kernels.triton.common import load_words, store_split
@@ -94,14 +95,7 @@ def grids(p, cap_waves: int = 48) -> list[Config]:
 
 def sweep(k: int, n: int, bits: int, reps: int, gen: torch.Generator) -> None:
     """Every grid of ``grids`` for the stream and the GEMV (output checked), and the flat read."""
-    p = our_weight(k, n, bits, gen)
-    r = copies(p.qweight.numel() * 4)
-    ps = [p] + [p.with_tensors(qweight=p.qweight.clone(), scales=p.scales.clone()) for _ in range(r - 1)]
-    x = torch.randn(1, k, device=DEV, dtype=torch.bfloat16, generator=gen)
-    lock = torch.zeros(lock_slots(p.n), dtype=torch.int32, device=DEV)
-    from qlinear.kernels.triton.dequant import dense_t
-
-    ref = x.float() @ dense_t(p, torch.float32)
+    p, ps, lock, x, ref = setup(k, n, bits, 1, gen)
     res: dict[str, list] = {"stream": [], "stream-nosync": [], "gemv": [], "gemv-pf": [], "flat": []}
     for c in grids(p):
         c = configs.legal(c, 1, p.kp, bits)

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .native_int4 import import_extra
+
 #: block types the kernel reads: (values, bytes) per block
 TYPES = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q4_K": (256, 144), "Q6_K": (256, 210)}
 #: types whose weights have a code-independent part (-8 d, m, -dmin m): the kernel takes per-block sums of x
@@ -39,12 +41,7 @@ def native_blocks() -> Any:
     None."""
     global _MODULE
     if _MODULE is None:
-        try:
-            from qlinear_native import _blocks
-        except ImportError:
-            _MODULE = False
-        else:
-            _MODULE = _blocks if _blocks.available() else False
+        _MODULE = import_extra("_blocks", lambda mod: mod.available())
     return _MODULE or None
 
 

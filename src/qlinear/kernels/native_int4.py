@@ -16,6 +16,8 @@ channels split over ``torch.get_num_threads()`` threads. Three kernels:
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -59,17 +61,22 @@ class Kernel(Enum):
     WEIGHTS = "int4_mm_weights"
 
 
+def import_extra(name: str, ready: Callable[[Any], bool]) -> Any:
+    """``qlinear_native.<name>`` when the extra is installed and ``ready(module)`` says this CPU runs it, else
+    False (a cached "no", distinct from the callers' None for "not looked yet")."""
+    try:
+        mod = importlib.import_module(f"qlinear_native.{name}")
+    except ImportError:
+        return False
+    return mod if ready(mod) else False
+
+
 def native_int4() -> Any:
     """``qlinear_native._int4`` when it is installed and at least one of its kernels runs on this CPU, else
     None (the int4pack op and the torch decode path run instead)."""
     global _MODULE
     if _MODULE is None:
-        try:
-            from qlinear_native import _int4
-        except ImportError:
-            _MODULE = False
-        else:
-            _MODULE = _int4 if _int4.amx_available() or _int4.mv_available() else False
+        _MODULE = import_extra("_int4", lambda mod: mod.amx_available() or mod.mv_available())
     return _MODULE or None
 
 
