@@ -215,16 +215,15 @@ class GGUFTorchLinear(GGUFQuantLinear):
         self.check_input(x)
         self.ensure_prepared()
         x2 = x.reshape(-1, self.in_features)
+        y = None
         if x2.shape[0] and self.uses_native_blocks(x2):  # the file's blocks, float32 products (exact)
             y = native_blocks.matmul(x2, self.qweight, self.qtype.name, self.in_features)
+        elif x2.shape[0] and self.uses_int4pack(x2):
+            y = gguf_int4pack.matmul(self.int4pack_runtime(), x2, self.out_features)
+        if y is not None:
             if self.bias is not None:
                 y = y + self.bias.to(y.dtype)
             return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-        if x2.shape[0] and self.uses_int4pack(x2):
-            y = gguf_int4pack.matmul(self.int4pack_runtime(), x2, self.out_features)
-            if self.bias is not None:
-                y = y + self.bias.to(y.dtype)
-            return y.reshape(*x.shape[:-1], self.out_features)
         # On CPU the tiles multiply in float32 (the exact decode; faster there than casting every tile to
         # bf16/fp16), elsewhere in the activation dtype.
         work = torch.float32 if x.device.type == "cpu" else x.dtype
