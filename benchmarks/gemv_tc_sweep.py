@@ -1,0 +1,169 @@
+"""The tensor-core GEMV (``gemv_tc``, ``qmv_tc.py``) on the GPU: checked on many layers, then timed beside the
+CUDA-core GEMV and bf16 cuBLAS over its configs.
+
+    python3 benchmarks/gemv_tc_sweep.py [--shapes 4096x14336,...] [--bits 4,2] [--m 1,4,8,16] [--reps 20]
+
+Checks first (fresh random weights, float64 reference, relative Frobenius error < 1e-2): sym/asym, act-order,
+g32/g64/g128/channelwise, float16/bfloat16, odd N and K, M 1..16, split-K, additive offsets (GGUF). Then per
+shape and bits: every (warps, K unit, split) at M=1, the best one at each M, against the shipped ``gemv``
+config and ``F.linear`` in bfloat16 (CUDA-graph replay over weight copies > 4x L2, median). Prints JSON entries
+for ``tuned_h200.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gemv_sweep import setup
+from gpu_linear import DEV, config, copies, timed
+from qlinear.kernels.triton import configs
+from qlinear.kernels.triton.configs import Config
+from qlinear.kernels.triton.layout import build, build_affine32
+from qlinear.kernels.triton.qmm import lock_slots, qmm
+from qlinear.kernels.triton.qmv_tc import qmv_tc
+
+
+def tc(x: torch.Tensor, p, cfg: Config, lock: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    y = torch.empty((x.shape[0], p.n), dtype=x.dtype, device=x.device)
+    return qmv_tc(x, p, cfg, bias, lock, y, use_asm=True)
+
+
+def check_case(bits: int, group: int, k: int, n: int, m: int, sym: bool, act: bool, dtype: torch.dtype,
+               cfg: Config, gen: torch.Generator, offsets: bool = False) -> float:
+    """Relative error of one call against a float64 reference built from the codes directly."""
+    gs = group if group > 0 else k
+    ng = -(-k // gs)
+    codes = torch.randint(0, 1 << bits, (n, k), device=DEV, dtype=torch.uint8, generator=gen)
+    g_idx = torch.arange(k, device=DEV) // gs
+    if act:
+        g_idx = g_idx[torch.randperm(k, device=DEV, generator=gen)]
+    if offsets:
+        s = torch.rand(n, k // 32, device=DEV, generator=gen) * 0.02 + 0.005
+        o = -torch.rand(n, k // 32, device=DEV, generator=gen) * 0.1
+        p = build_affine32(codes, s, o, bits)
+        w = codes.double() * s.double().repeat_interleave(32, 1) + o.double().repeat_interleave(32, 1)
+    else:
+        s = torch.rand(n, ng, device=DEV, generator=gen) * 0.02 + 0.005
+        if sym:
+            z = torch.full((n, ng), 1 << (bits - 1), device=DEV, dtype=torch.int32)
+        else:
+            z = torch.randint(0, 1 << bits, (n, ng), device=DEV, dtype=torch.int32, generator=gen)
+        p = build(codes, s, z, g_idx.cpu(), bits)
+        w = (codes.double() - z.double()[:, g_idx]) * s.half().double()[:, g_idx]
+    x = torch.randn(m, k, device=DEV, generator=gen)
+    x[:, ::3] += 1.5  # a mean far from 0: the (m + z) * sum(x) correction must not cancel badly
+    x = x.to(dtype)
+    bias = torch.randn(n, device=DEV, generator=gen).to(dtype)
+    ref = x.double() @ w.T + bias.double()
+    lock = torch.zeros(lock_slots(n), dtype=torch.int32, device=DEV)
+    y = tc(x, p, cfg, lock, bias)
+    assert int(lock.abs().sum()) == 0, "split-K counters left non-zero"
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+def checks(gen: torch.Generator) -> int:
+    bad = 0
+    cases = []
+    for dtype in (torch.bfloat16, torch.float16):
+        for bits, group, k, n, sym, act in ((4, 128, 4096, 4096, True, False), (4, 128, 1024, 200, False, True),
+                                            (4, 32, 512, 72, False, False), (4, 64, 768, 136, True, True),
+                                            (4, -1, 1000, 96, False, False), (2, 128, 1024, 264, False, False),
+                                            (2, 32, 512, 40, True, True), (2, -1, 2048, 128, True, False),
+                                            (4, 128, 4096, 14336, False, False)):
+            for m in (1, 6, 13):
+                for cfg in (Config("gemv_tc", 8, 128, 128, 1, 4, 1), Config("gemv_tc", 8, 64, 64, 5, 2, 1),
+                            Config("gemv_tc", 8, 256, 256, 16, 8, 1)):
+                    cases.append((bits, group, k, n, m, sym, act, dtype, cfg, False))
+        cases.append((4, 32, 1024, 320, 1, True, False, dtype, Config("gemv_tc", 8, 128, 128, 4, 4, 1), True))
+        cases.append((4, 32, 4096, 4096, 5, True, False, dtype, Config("gemv_tc", 8, 128, 128, 8, 4, 1), True))
+    worst = 0.0
+    for c in cases:
+        err = check_case(*c[:9], gen, offsets=c[9])
+        worst = max(worst, err)
+        if not err < 1e-2:
+            bad += 1
+            print(f"WRONG {c}: {err:.2e}")
+    print(f"checks: {len(cases)} layers, {bad} failed, worst relative error {worst:.2e}", flush=True)
+    return bad
+
+
+def candidates(p) -> list[Config]:
+    ck = p.rows_per_block * (32 // p.bits)
+    out = []
+    for w in (2, 4, 8):
+        for unit in (1, 2, 4):
+            for split in (1, 2, 4, 8, 16, 32, 64):
+                if split * unit > p.kp // ck:
+                    continue
+                out.append(Config("gemv_tc", 8, 32 * w, unit * ck, split, w, 1))
+    return out
+
+
+def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Generator) -> dict:
+    p, ps, lock, x, ref = setup(k, n, bits, 1, gen)
+    w16 = torch.randn(n, k, device=DEV, dtype=torch.bfloat16, generator=gen)
+    r16 = copies(w16.numel() * 2)
+    ws = [w16] + [w16.clone() for _ in range(r16 - 1)]
+    bf16 = timed([lambda x, w=w: torch.nn.functional.linear(x, w) for w in ws], x, reps)
+    del ws, w16
+    gemv_cfg = config(p, 1, "gemv")
+    gemv = timed([lambda x, q=q: qmm(x, q, gemv_cfg, None, lock) for q in ps], x, reps)
+    rows = []
+    for c in candidates(p):
+        err = float((tc(x, p, c, lock).float() - ref).norm() / ref.norm())
+        if not err < 1e-2:
+            print(f"WRONG {c}: {err:.2e}")
+            continue
+        rows.append((timed([lambda x, q=q, c=c: tc(x, q, c, lock) for q in ps], x, reps), c))
+    rows.sort(key=lambda r: r[0])
+    best_us, best = rows[0]
+    top = ", ".join(f"{us:.1f} w{c.num_warps} u{c.block_k * bits // 32 // p.rows_per_block} s{c.split_k}"
+                    for us, c in rows[:6])
+    print(f"| {k}x{n} | {bits} | 1 | {bf16:.1f} | {gemv:.1f} | {best_us:.1f} | {bf16 / best_us:.2f}x | "
+          f"{gemv / best_us:.2f}x | {top} |", flush=True)
+    found = {configs.table_key("gemv_tc", 1, n, k, bits, p.group):
+             {**{f: v for f, v in best.as_dict().items() if f != "variant"}, "us": round(best_us, 2)}}
+    for m in ms:
+        if m == 1:
+            continue
+        xm = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
+        t_tc = min(timed([lambda x, q=q, c=c: tc(x, q, c, lock) for q in ps], xm, reps) for _, c in rows[:3])
+        cfg_m = config(p, m)
+        t_ship = timed([lambda x, q=q, c=cfg_m: qmm(x, q, c, None, lock) for q in ps], xm, reps)
+        print(f"| {k}x{n} | {bits} | {m} | - | {t_ship:.1f} ({cfg_m.variant}) | {t_tc:.1f} | - | "
+              f"{t_ship / t_tc:.2f}x | |", flush=True)
+    return found
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="4096x14336,8192x28672,4096x4096,14336x4096")
+    ap.add_argument("--bits", default="4,2")
+    ap.add_argument("--m", default="1,4,8,16")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--no-check", action="store_true")
+    a = ap.parse_args()
+    gen = torch.Generator(device=DEV).manual_seed(7)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    bad = 0 if a.no_check else checks(gen)
+    print("\n| K x N | bits | M | bf16 us | shipped us | gemv_tc us | bf16 / tc | shipped / tc | best configs |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    found = {}
+    for bits in (int(b) for b in a.bits.split(",")):
+        for s in a.shapes.split(","):
+            k, n = (int(v) for v in s.split("x"))
+            found.update(sweep(k, n, bits, [int(v) for v in a.m.split(",")], a.reps, gen))
+    print(json.dumps(found, indent=1))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
