@@ -32,32 +32,32 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import store_split
+from .common import stack2, store_split
 from .layout import Packed
 
-#: activation rows per program (B's 8 columns)
-ROWS = tl.constexpr(8)
+#: activation rows per B operand (the MMA's 8 columns); a program takes one or two such sets
+SET_ROWS = 8
 
 
 
-def mma_asm(bits: int, nf: int, bf16: bool) -> str:
-    """PTX of one chunk for one lane: words ``$12..$19`` (4 columns x 2 rows), x pairs ``$20..``, C in after.
+def mma_asm(bits: int, nf: int, bf16: bool, nb: int) -> str:
+    """PTX of one chunk for one lane, for ``nb`` (1 or 2) sets of 8 activation rows sharing the weights.
 
-    Outputs ``$0..$3`` C of tile 0, ``$4..$7`` tile 1, ``$8..$11`` Cx; ``nf`` fields per word are used
-    (two per K16 step), so ``nf / 2`` steps, three MMAs each.
+    Operands (fixed, so one call site serves every case): outputs ``$12b + 0..3`` C of tile 0 of set ``b``,
+    ``+4..7`` tile 1, ``+8..11`` Cx; inputs ``$24..$27`` / ``$28..$31`` the words of the lane's two word
+    rows (4 columns), ``$32 + 16b + f`` the x pair of local field ``f`` for set ``b``, ``$64 + 12b + ...`` C
+    in. ``nf`` fields per word are used, two per K16 step: ``nf / 2`` steps of three MMAs per set.
     """
     magic = "0x43004300" if bf16 else "0x64006400"
     one = "0x3F803F80" if bf16 else "0x3C003C00"
     ty = "bf16" if bf16 else "f16"
     mask = "0x000F000F" if bits == 4 else "0x00030003"
     per_byte = 8 // bits
-    xin = 20
-    cin = xin + nf
     lines = ["{", ".reg .b32 t, u, one;", f".reg .b32 p<{4 * nf}>;", f"mov.b32 one, {one};"]
     for c in range(4):
         for x in range(nf // per_byte):
             sel = x | x << 4 | (4 + x) << 8 | (4 + x) << 12
-            lines.append(f"prmt.b32 t, ${12 + c}, ${16 + c}, {sel:#06x};")
+            lines.append(f"prmt.b32 t, ${24 + c}, ${28 + c}, {sel:#06x};")
             for i in range(per_byte):
                 src = "t"
                 if i:
@@ -67,20 +67,20 @@ def mma_asm(bits: int, nf: int, bf16: bool) -> str:
     mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32"
     for s in range(nf // 2):
         fa, fb = 2 * s, 2 * s + 1
-        b = f"{{${xin + fa}, ${xin + fb}}}"
-        for tile, (c0, c1) in enumerate(((0, 1), (2, 3))):
-            d = ", ".join(f"${4 * tile + i}" for i in range(4))
-            src = ", ".join(f"${(cin + 4 * tile if s == 0 else 4 * tile) + i}" for i in range(4))
-            a = f"p{c0 * nf + fa}, p{c1 * nf + fa}, p{c0 * nf + fb}, p{c1 * nf + fb}"
-            lines.append(f"{mma} {{{d}}}, {{{a}}}, {b}, {{{src}}};")
-        d = ", ".join(f"${8 + i}" for i in range(4))
-        src = ", ".join(f"${(cin + 8 if s == 0 else 8) + i}" for i in range(4))
-        lines.append(f"{mma} {{{d}}}, {{one, one, one, one}}, {b}, {{{src}}};")
+        for bset in range(nb):
+            b = f"{{${32 + 16 * bset + fa}, ${32 + 16 * bset + fb}}}"
+            for acc, a in ((0, f"p{fa}, p{nf + fa}, p{fb}, p{nf + fb}"),
+                           (4, f"p{2 * nf + fa}, p{3 * nf + fa}, p{2 * nf + fb}, p{3 * nf + fb}"),
+                           (8, "one, one, one, one")):
+                out = 12 * bset + acc
+                d = ", ".join(f"${out + i}" for i in range(4))
+                src = ", ".join(f"${(64 + out if s == 0 else out) + i}" for i in range(4))
+                lines.append(f"{mma} {{{d}}}, {{{a}}}, {b}, {{{src}}};")
     return "\n".join([*lines, "}"])
 
 
-def mma_constraints(nf: int) -> str:
-    return ",".join(["=f"] * 12 + ["r"] * (8 + nf) + ["f"] * 12)
+#: operand constraints of ``mma_asm`` (the same for every case)
+MMA_CONSTRAINTS = ",".join(["=f"] * 24 + ["r"] * 40 + ["f"] * 24)
 
 
 @triton.jit
@@ -126,6 +126,32 @@ def _word_pair(W, row, NP, cols, nmask, shift):
 
 
 @triton.jit
+def _unit_words(W, u, UNIT: tl.constexpr, R: tl.constexpr, rp, NP, cols, nmask, shift):
+    """The word pairs of the ``UNIT`` (1, 2 or 4) chunks of step ``u`` (unused slots repeat chunk 0)."""
+    a0, b0 = _word_pair(W, u * UNIT * R + rp, NP, cols, nmask, shift)
+    a1, b1, a2, b2, a3, b3 = a0, b0, a0, b0, a0, b0
+    if UNIT >= 2:
+        a1, b1 = _word_pair(W, (u * UNIT + 1) * R + rp, NP, cols, nmask, shift)
+    if UNIT >= 4:
+        a2, b2 = _word_pair(W, (u * UNIT + 2) * R + rp, NP, cols, nmask, shift)
+        a3, b3 = _word_pair(W, (u * UNIT + 3) * R + rp, NP, cols, nmask, shift)
+    return a0, b0, a1, b1, a2, b2, a3, b3
+
+
+@triton.jit
+def _chunk_x(X32, xbase, koff, xmask, kbase, NF: tl.constexpr, R: tl.constexpr, KX, EVEN_K: tl.constexpr):
+    """The lane's ``NF`` x pairs of one chunk as four ``[L, 4]`` tensors (unused ones repeat the first)."""
+    x0 = _x_pairs(X32, xbase, koff, xmask, kbase, 0, R, KX, EVEN_K)
+    x1, x2, x3 = x0, x0, x0
+    if NF >= 8:
+        x1 = _x_pairs(X32, xbase, koff, xmask, kbase, 1, R, KX, EVEN_K)
+    if NF >= 16:
+        x2 = _x_pairs(X32, xbase, koff, xmask, kbase, 2, R, KX, EVEN_K)
+        x3 = _x_pairs(X32, xbase, koff, xmask, kbase, 3, R, KX, EVEN_K)
+    return x0, x1, x2, x3
+
+
+@triton.jit
 def _frag_to_tile(a0, a1, WARPS: tl.constexpr):
     """The two C tiles' ``[L, 4]`` fragments as ``[8, 32 * WARPS]`` (x row, column) for ``store_split``:
     element ``(w, g, t, c)`` of tile ``i`` is row ``2t + c % 2``, column ``32 w + 4 g + 2 i + c // 2``."""
@@ -135,20 +161,37 @@ def _frag_to_tile(a0, a1, WARPS: tl.constexpr):
 
 
 @triton.jit
+def _group_term(S, Z, OFF, grp, NP, ccol, nmask, c, cx, ZC: tl.constexpr, MAGIC: tl.constexpr,
+                HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr):
+    """A tile's contribution of one step: ``s (C - (m + z) Cx) (+ o Cx)`` with the group's parameters."""
+    s = tl.load(S + grp * NP + ccol, mask=nmask, other=0.0).to(tl.float32)
+    if HAS_Z:  # noqa: SIM108 (constexpr branch)
+        zm = tl.load(Z + grp * NP + ccol, mask=nmask, other=0).to(tl.float32) + MAGIC
+    else:
+        zm = ZC + MAGIC
+    out = s * (c - zm * cx)
+    if HAS_OFF:
+        out += tl.load(OFF + grp * NP + ccol, mask=nmask, other=0.0) * cx
+    return out
+
+
+@triton.jit
 def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                   M, N, KX, NP, NCH, SPLIT_K, stride_xm, stride_ym,
                   GS: tl.constexpr, BITS: tl.constexpr, R: tl.constexpr, ZC: tl.constexpr,
                   HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  WARPS: tl.constexpr, UNIT: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-                  EVEN_N: tl.constexpr,
+                  WARPS: tl.constexpr, UNIT: tl.constexpr, NB: tl.constexpr, SPLIT: tl.constexpr,
+                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr,
                   USE_ASM: tl.constexpr, ASM: tl.constexpr, CONSTRAINTS: tl.constexpr):
-    """Grid ``(N / (32 WARPS), SPLIT_K, M / 8)``; x in sorted order with ``KX`` (even) columns; ``NCH`` field
-    blocks (chunks) of ``R`` word rows; ``UNIT`` chunks per step, all inside one group."""
+    """Grid ``(N / (32 WARPS), SPLIT_K, M / (8 NB))``; x in sorted order with ``KX`` (even) columns; ``NCH``
+    field blocks (chunks) of ``R`` word rows; ``UNIT`` chunks per step, all inside one group; ``NB`` sets of
+    8 rows share each dequantized chunk; ``PREFETCH`` loads the next step's words before this step's MMAs."""
     PF: tl.constexpr = 32 // BITS
     NF: tl.constexpr = PF * R // 8  # fields of a word one lane uses per chunk
     HR: tl.constexpr = R // 2  # lanes sharing the chunk's rows: t % HR picks the rows, t // HR the fields
     CK: tl.constexpr = R * PF
     BLOCK_N: tl.constexpr = 32 * WARPS
+    ROWS: tl.constexpr = 8 * NB
     IS_BF16: tl.constexpr = X.dtype.element_ty == tl.bfloat16
     MAGIC: tl.constexpr = 128.0 if IS_BF16 else 1024.0
     pid_n = tl.program_id(0)
@@ -161,17 +204,20 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
     wcol = pid_n * BLOCK_N + (lane // 32) * 32 + 4 * g
     cols = wcol + c4  # the lane's 4 word columns (one 16-byte load per word row)
     ccol = wcol + c4 // 2  # column of tile 0's C element c (tile 1: + 2)
-    mrow = pid_m * ROWS + 2 * t + c4 % 2  # x row of C element c
-    mrow = tl.where(mrow < M, mrow, -1)
+    mrow0 = pid_m * ROWS + 2 * t + c4 % 2  # x row of C element c (set 1: + 8)
+    mrow1 = tl.where(mrow0 + 8 < M, mrow0 + 8, -1)
+    mrow0 = tl.where(mrow0 < M, mrow0, -1)
     nmask = (cols < NP) | EVEN_N
     nmask0 = (ccol < NP) | EVEN_N
     nmask1 = (ccol + 2 < NP) | EVEN_N
     rp = 2 * (t % HR)
     shift = (t // HR) * (NF * BITS)
-    xm = pid_m * ROWS + g  # the lane's B column: x row
+    xm = pid_m * ROWS + g  # the lane's B column: x row (set 1: + 8)
     koff = (t // HR) * (NF * R) + rp
-    xbase = xm * (stride_xm // 2) + koff // 2
-    xmask = xm < M
+    xbase0 = xm * (stride_xm // 2) + koff // 2
+    xbase1 = xbase0 + 8 * (stride_xm // 2)
+    xmask0 = xm < M
+    xmask1 = xm + 8 < M
     X32 = X.to(tl.pointer_type(tl.int32), bitcast=True)
     nunits = NCH // UNIT
     per = tl.cdiv(nunits, SPLIT_K)
@@ -179,50 +225,62 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
     u1 = tl.minimum(u0 + per, nunits)
     acc0 = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
+    if USE_ASM and PREFETCH:
+        n0, n1, n2, n3, n4, n5, n6, n7 = _unit_words(W, tl.minimum(u0, nunits - 1), UNIT, R, rp, NP, cols, nmask,
+                                                     shift)
     for u in range(u0, u1):
         c0 = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
         c1 = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
         cx = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
+        e0 = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
+        e1 = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
+        ex = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
+        if USE_ASM:
+            if PREFETCH:
+                w0, w1, w2, w3, w4, w5, w6, w7 = n0, n1, n2, n3, n4, n5, n6, n7
+                n0, n1, n2, n3, n4, n5, n6, n7 = _unit_words(W, tl.minimum(u + 1, u1 - 1), UNIT, R, rp, NP, cols,
+                                                             nmask, shift)
+            else:
+                w0, w1, w2, w3, w4, w5, w6, w7 = _unit_words(W, u, UNIT, R, rp, NP, cols, nmask, shift)
         for ci in tl.static_range(UNIT):
             ch = u * UNIT + ci
             kbase = ch * CK
             if USE_ASM:
-                wa, wb = _word_pair(W, ch * R + rp, NP, cols, nmask, shift)
-                x0 = _x_pairs(X32, xbase, koff, xmask, kbase, 0, R, KX, EVEN_K)
-                if NF == 4:
-                    c0, c1, cx = tl.inline_asm_elementwise(ASM, CONSTRAINTS, [wa, wb, x0, c0, c1, cx],
-                                                           dtype=(tl.float32,) * 3, is_pure=True, pack=4)
-                elif NF == 8:
-                    x1 = _x_pairs(X32, xbase, koff, xmask, kbase, 1, R, KX, EVEN_K)
-                    c0, c1, cx = tl.inline_asm_elementwise(ASM, CONSTRAINTS, [wa, wb, x0, x1, c0, c1, cx],
-                                                           dtype=(tl.float32,) * 3, is_pure=True, pack=4)
+                if ci == 0:
+                    wa, wb = w0, w1
+                elif ci == 1:
+                    wa, wb = w2, w3
+                elif ci == 2:
+                    wa, wb = w4, w5
                 else:
-                    x1 = _x_pairs(X32, xbase, koff, xmask, kbase, 1, R, KX, EVEN_K)
-                    x2 = _x_pairs(X32, xbase, koff, xmask, kbase, 2, R, KX, EVEN_K)
-                    x3 = _x_pairs(X32, xbase, koff, xmask, kbase, 3, R, KX, EVEN_K)
-                    c0, c1, cx = tl.inline_asm_elementwise(ASM, CONSTRAINTS, [wa, wb, x0, x1, x2, x3, c0, c1, cx],
-                                                           dtype=(tl.float32,) * 3, is_pure=True, pack=4)
+                    wa, wb = w6, w7
+                x0, x1, x2, x3 = _chunk_x(X32, xbase0, koff, xmask0, kbase, NF, R, KX, EVEN_K)
+                if NB == 2:
+                    y0, y1, y2, y3 = _chunk_x(X32, xbase1, koff, xmask1, kbase, NF, R, KX, EVEN_K)
+                else:
+                    y0, y1, y2, y3 = x0, x1, x2, x3
+                c0, c1, cx, e0, e1, ex = tl.inline_asm_elementwise(
+                    ASM, CONSTRAINTS, [wa, wb, x0, x1, x2, x3, y0, y1, y2, y3, c0, c1, cx, e0, e1, ex],
+                    dtype=(tl.float32,) * 6, is_pure=True, pack=4)
             else:
-                d0, d1, dx = _chunk_twin(W, X, NP, ch * R, ccol, kbase, mrow, KX, stride_xm, nmask0, nmask1,
+                d0, d1, dx = _chunk_twin(W, X, NP, ch * R, ccol, kbase, mrow0, KX, stride_xm, nmask0, nmask1,
                                          BITS, R, MAGIC)
-                c0 += d0
-                c1 += d1
-                cx += dx
+                c0, c1, cx = c0 + d0, c1 + d1, cx + dx
+                if NB == 2:
+                    d0, d1, dx = _chunk_twin(W, X, NP, ch * R, ccol, kbase, mrow1, KX, stride_xm, nmask0, nmask1,
+                                             BITS, R, MAGIC)
+                    e0, e1, ex = e0 + d0, e1 + d1, ex + dx
         grp = (u * UNIT * CK) // GS
-        s0 = tl.load(S + grp * NP + ccol, mask=nmask0, other=0.0).to(tl.float32)
-        s1 = tl.load(S + grp * NP + ccol + 2, mask=nmask1, other=0.0).to(tl.float32)
-        if HAS_Z:
-            z0 = tl.load(Z + grp * NP + ccol, mask=nmask0, other=0).to(tl.float32) + MAGIC
-            z1 = tl.load(Z + grp * NP + ccol + 2, mask=nmask1, other=0).to(tl.float32) + MAGIC
-        else:
-            z0 = tl.full((BLOCK_N, 4), ZC + MAGIC, tl.float32)
-            z1 = z0
-        acc0 += s0 * (c0 - z0 * cx)
-        acc1 += s1 * (c1 - z1 * cx)
-        if HAS_OFF:
-            acc0 += tl.load(OFF + grp * NP + ccol, mask=nmask0, other=0.0) * cx
-            acc1 += tl.load(OFF + grp * NP + ccol + 2, mask=nmask1, other=0.0) * cx
+        acc0 += _group_term(S, Z, OFF, grp, NP, ccol, nmask0, c0, cx, ZC, MAGIC, HAS_Z, HAS_OFF)
+        acc1 += _group_term(S, Z, OFF, grp, NP, ccol + 2, nmask1, c1, cx, ZC, MAGIC, HAS_Z, HAS_OFF)
+        if NB == 2:
+            acc2 += _group_term(S, Z, OFF, grp, NP, ccol, nmask0, e0, ex, ZC, MAGIC, HAS_Z, HAS_OFF)
+            acc3 += _group_term(S, Z, OFF, grp, NP, ccol + 2, nmask1, e1, ex, ZC, MAGIC, HAS_Z, HAS_OFF)
     out = _frag_to_tile(acc0, acc1, WARPS)
+    if NB == 2:
+        out = stack2(out, _frag_to_tile(acc2, acc3, WARPS))
     offs_m = pid_m * ROWS + tl.arange(0, ROWS)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     store_split(Y, BIAS, PART, LOCK, out, offs_m, offs_n, M, N, stride_ym, pid_m * tl.num_programs(0) + pid_n,
@@ -272,7 +330,8 @@ def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, 
     unit = units(p, cfg.block_k)
     warps = cfg.num_warps
     tiles_n = triton.cdiv(p.n, 32 * warps)
-    tiles_m = triton.cdiv(m, ROWS)
+    nb = 2 if m > SET_ROWS and cfg.block_m > SET_ROWS else 1
+    tiles_m = triton.cdiv(m, SET_ROWS * nb)
     split = max(1, min(cfg.split_k, nch // unit)) if lock is not None and tiles_n * tiles_m <= lock.numel() else 1
     part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
     nf = (32 // p.bits) * p.rows_per_block // 8
@@ -281,8 +340,8 @@ def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, 
         bias if bias is not None else y, y, part, lock if lock is not None else p.qweight,
         m, p.n, kx, p.np, nch, split, x2.stride(0), y.stride(0),
         GS=p.group, BITS=p.bits, R=p.rows_per_block, ZC=p.zero_const, HAS_Z=p.zeros is not None,
-        HAS_OFF=p.offsets is not None, HAS_BIAS=bias is not None, WARPS=warps, UNIT=unit, SPLIT=split > 1,
-        EVEN_K=kx == p.kp, EVEN_N=p.np % (32 * warps) == 0, USE_ASM=use_asm,
-        ASM=mma_asm(p.bits, nf, x2.dtype == torch.bfloat16),
-        CONSTRAINTS=mma_constraints(nf), num_warps=warps, num_stages=1)
+        HAS_OFF=p.offsets is not None, HAS_BIAS=bias is not None, WARPS=warps, UNIT=unit, NB=nb,
+        SPLIT=split > 1, EVEN_K=kx == p.kp, EVEN_N=p.np % (32 * warps) == 0, PREFETCH=cfg.prefetch, USE_ASM=use_asm,
+        ASM=mma_asm(p.bits, nf, x2.dtype == torch.bfloat16, nb), CONSTRAINTS=MMA_CONSTRAINTS, num_warps=warps,
+        num_stages=1)
     return y
