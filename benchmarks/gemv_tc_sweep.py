@@ -169,8 +169,18 @@ def main() -> int:
     ap.add_argument("--m", default="1,4,8,16")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--once", help="warps,unit,split,prefetch: three calls of one config on the first shape (ncu)")
     a = ap.parse_args()
     gen = torch.Generator(device=DEV).manual_seed(7)
+    if a.once:
+        k, n = (int(v) for v in a.shapes.split(",")[0].split("x"))
+        p, _, lock, x, _ = setup(k, n, int(a.bits.split(",")[0]), int(a.m.split(",")[0]), gen)
+        w, unit, split, pre = (int(v) for v in a.once.split(","))
+        c = Config("gemv_tc", 16, 32 * w, unit * p.rows_per_block * 32 // p.bits, split, w, 1, prefetch=bool(pre))
+        for _ in range(3):
+            tc(x, p, c, lock)
+        torch.cuda.synchronize()
+        return 0
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     bad = 0 if a.no_check else checks(gen)
     print("\n| K x N | bits | M | bf16 us | shipped us | gemv_tc us | bf16 / tc | shipped / tc | best configs |")
