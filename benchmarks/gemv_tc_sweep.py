@@ -82,8 +82,8 @@ def checks(gen: torch.Generator) -> int:
                                             (4, 128, 4096, 14336, False, False)):
             for m in (1, 6, 13):
                 for cfg in (Config("gemv_tc", 8, 128, 128, 1, 4, 1),
-                            Config("gemv_tc", 16, 64, 64, 5, 2, 1, prefetch=True),
-                            Config("gemv_tc", 16, 256, 256, 16, 8, 1, prefetch=True)):
+                            Config("gemv_tc", 16, 32, 64, 5, 2, 1, prefetch=True),
+                            Config("gemv_tc", 16, 64, 256, 16, 8, 1, prefetch=True)):
                     cases.append((bits, group, k, n, m, sym, act, dtype, cfg, False))
         cases.append((4, 32, 1024, 320, 1, True, False, dtype, Config("gemv_tc", 8, 128, 128, 4, 4, 1), True))
         cases.append((4, 32, 4096, 4096, 5, True, False, dtype, Config("gemv_tc", 8, 128, 128, 8, 4, 1), True))
@@ -101,19 +101,21 @@ def checks(gen: torch.Generator) -> int:
 def candidates(p) -> list[Config]:
     ck = p.rows_per_block * (32 // p.bits)
     out = []
-    for w in (2, 4, 8):
-        for unit in (1, 2, 4):
-            for split in (1, 2, 4, 8, 16, 32, 64):
-                if split * unit > p.kp // ck:
+    for wn, wk in ((2, 1), (4, 1), (1, 4), (1, 8), (2, 2), (2, 4), (4, 2)):
+        ctas = -(-p.n // (32 * wn))
+        for unit in (2, 4):
+            for split in (1, 2, 4, 8, 16, 32):
+                if split * unit * wk > p.kp // ck or ctas * split > 32 * 132 or ctas * split * wn * wk < 132 * 4:
                     continue
                 for pre in (False, True):
-                    out.append(Config("gemv_tc", 8, 32 * w, unit * ck, split, w, 1, prefetch=pre))
+                    out.append(Config("gemv_tc", 8, 32 * wn, unit * ck, split, wn * wk, 1, prefetch=pre))
     return out
 
 
 def fmt(c: Config, p) -> str:
     unit = c.block_k * p.bits // 32 // p.rows_per_block
-    return f"w{c.num_warps} u{unit} s{c.split_k}{' pf' if c.prefetch else ''}{' 16r' if c.block_m > 8 else ''}"
+    shape = f"n{c.block_n // 32}k{c.num_warps * 32 // c.block_n} u{unit} s{c.split_k}"
+    return shape + (" pf" if c.prefetch else "") + (" 16r" if c.block_m > 8 else "")
 
 
 def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Generator) -> dict:
@@ -169,14 +171,15 @@ def main() -> int:
     ap.add_argument("--m", default="1,4,8,16")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-check", action="store_true")
-    ap.add_argument("--once", help="warps,unit,split,prefetch: three calls of one config on the first shape (ncu)")
+    ap.add_argument("--once", help="wn,wk,unit,split,prefetch: three calls of one config on the first shape (ncu)")
     a = ap.parse_args()
     gen = torch.Generator(device=DEV).manual_seed(7)
     if a.once:
         k, n = (int(v) for v in a.shapes.split(",")[0].split("x"))
         p, _, lock, x, _ = setup(k, n, int(a.bits.split(",")[0]), int(a.m.split(",")[0]), gen)
-        w, unit, split, pre = (int(v) for v in a.once.split(","))
-        c = Config("gemv_tc", 16, 32 * w, unit * p.rows_per_block * 32 // p.bits, split, w, 1, prefetch=bool(pre))
+        wn, wk, unit, split, pre = (int(v) for v in a.once.split(","))
+        c = Config("gemv_tc", 16, 32 * wn, unit * p.rows_per_block * 32 // p.bits, split, wn * wk, 1,
+                   prefetch=bool(pre))
         for _ in range(3):
             tc(x, p, c, lock)
         torch.cuda.synchronize()

@@ -96,22 +96,24 @@ def _x_pairs(X32, xbase, koff, xmask, kbase, i: tl.constexpr, R: tl.constexpr, K
 
 
 @triton.jit
-def _chunk_twin(W, X, NP, row0, ccol, kbase, mrow, KX, stride_xm, nmask0, nmask1,
+def _chunk_twin(W, X, NP, row0, ccol, kbase, mrow, live, KX, stride_xm, nmask0, nmask1,
                 BITS: tl.constexpr, R: tl.constexpr, MAGIC: tl.constexpr):
     """Plain-Triton C0, C1, Cx increments of one chunk (the interpreter's stand-in for the MMAs): for C
-    element ``(lane, c)`` of tile 0 (column ``ccol``, x row ``mrow``), ``sum_k (m + q) x`` over the chunk."""
+    element ``(lane, c)`` of tile 0 (column ``ccol``, x row ``mrow``), ``sum_k (m + q) x`` over the chunk of
+    the lane's warp (first word row ``row0``, first sorted row ``kbase``, both ``[L, 1]``)."""
     PF: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
-    rr = tl.arange(0, R)
-    jj = tl.arange(0, PF)
-    kk = kbase + jj[None, :] * R + rr[:, None]  # [R, PF]: field j of word row r is sorted row kbase + j R + r
-    ok = (mrow >= 0)[:, :, None, None] & (kk < KX)[None, None, :, :]
-    xv = tl.load(X + mrow[:, :, None, None] * stride_xm + kk[None, None, :, :], mask=ok, other=0.0).to(tl.float32)
+    rr = tl.arange(0, R)[None, None, :, None]
+    jj = tl.arange(0, PF)[None, None, None, :]
+    kk = kbase[:, :, None, None] + jj * R + rr  # [L, 1, R, PF]: field j of word row r is kbase + j R + r
+    ok = (mrow >= 0)[:, :, None, None] & (kk < KX) & live[:, :, None, None]
+    xv = tl.load(X + mrow[:, :, None, None] * stride_xm + kk, mask=ok, other=0.0).to(tl.float32)
     cx = tl.sum(tl.sum(xv, axis=3), axis=2)
-    w0 = tl.load(W + (row0 + rr)[None, None, :] * NP + ccol[:, :, None], mask=nmask0[:, :, None], other=0)
-    w1 = tl.load(W + (row0 + rr)[None, None, :] * NP + ccol[:, :, None] + 2, mask=nmask1[:, :, None], other=0)
-    q0 = ((w0[:, :, :, None] >> (BITS * jj)[None, None, None, :]) & MASK).to(tl.float32)
-    q1 = ((w1[:, :, :, None] >> (BITS * jj)[None, None, None, :]) & MASK).to(tl.float32)
+    wrow = (row0[:, :, None] + tl.arange(0, R)[None, None, :]) * NP  # [L, 1, R]
+    w0 = tl.load(W + wrow + ccol[:, :, None], mask=nmask0[:, :, None], other=0)
+    w1 = tl.load(W + wrow + ccol[:, :, None] + 2, mask=nmask1[:, :, None], other=0)
+    q0 = ((w0[:, :, :, None] >> (BITS * jj)) & MASK).to(tl.float32)
+    q1 = ((w1[:, :, :, None] >> (BITS * jj)) & MASK).to(tl.float32)
     return tl.sum(tl.sum((q0 + MAGIC) * xv, axis=3), axis=2), tl.sum(tl.sum((q1 + MAGIC) * xv, axis=3), axis=2), cx
 
 
@@ -152,6 +154,25 @@ def _chunk_x(X32, xbase, koff, xmask, kbase, NF: tl.constexpr, R: tl.constexpr, 
 
 
 @triton.jit
+def _unit_x(X32, xbase, koff, xmask, u, UNIT: tl.constexpr, CK: tl.constexpr, NF: tl.constexpr, R: tl.constexpr,
+            KX, EVEN_K: tl.constexpr):
+    """x pairs of the first two chunks of step ``u`` (the prefetched part; eight ``[L, 4]`` tensors)."""
+    a0, a1, a2, a3 = _chunk_x(X32, xbase, koff, xmask, u * UNIT * CK, NF, R, KX, EVEN_K)
+    b0, b1, b2, b3 = a0, a1, a2, a3
+    if UNIT >= 2:
+        b0, b1, b2, b3 = _chunk_x(X32, xbase, koff, xmask, (u * UNIT + 1) * CK, NF, R, KX, EVEN_K)
+    return a0, a1, a2, a3, b0, b1, b2, b3
+
+
+@triton.jit
+def _warp_sum(acc, WK: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The sum of the ``WK`` warps' fragments that walked the same columns (``[BLOCK_N, 4]``)."""
+    if WK == 1:
+        return acc
+    return tl.sum(tl.reshape(acc, (WK, BLOCK_N, 4)), axis=0)
+
+
+@triton.jit
 def _frag_to_tile(a0, a1, WARPS: tl.constexpr):
     """The two C tiles' ``[L, 4]`` fragments as ``[8, 32 * WARPS]`` (x row, column) for ``store_split``:
     element ``(w, g, t, c)`` of tile ``i`` is row ``2t + c % 2``, column ``32 w + 4 g + 2 i + c // 2``."""
@@ -180,28 +201,31 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                   M, N, KX, NP, NCH, SPLIT_K, stride_xm, stride_ym,
                   GS: tl.constexpr, BITS: tl.constexpr, R: tl.constexpr, ZC: tl.constexpr,
                   HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  WARPS: tl.constexpr, UNIT: tl.constexpr, NB: tl.constexpr, SPLIT: tl.constexpr,
+                  WN: tl.constexpr, WK: tl.constexpr, UNIT: tl.constexpr, NB: tl.constexpr, SPLIT: tl.constexpr,
                   EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr,
                   USE_ASM: tl.constexpr, ASM: tl.constexpr, CONSTRAINTS: tl.constexpr):
-    """Grid ``(N / (32 WARPS), SPLIT_K, M / (8 NB))``; x in sorted order with ``KX`` (even) columns; ``NCH``
-    field blocks (chunks) of ``R`` word rows; ``UNIT`` chunks per step, all inside one group; ``NB`` sets of
-    8 rows share each dequantized chunk; ``PREFETCH`` loads the next step's words before this step's MMAs."""
+    """Grid ``(N / (32 WN), SPLIT_K, M / (8 NB))``; ``WN x WK`` warps: ``WN`` strips of 32 columns, each
+    walked by ``WK`` warps taking turns over the CTA's steps (their sums meet in shared memory at the end).
+    x is in sorted order with ``KX`` (even) columns; ``NCH`` field blocks (chunks) of ``R`` word rows;
+    ``UNIT`` chunks per step, all inside one group; ``NB`` sets of 8 rows share each dequantized chunk;
+    ``PREFETCH`` loads the next step's words and x before this step's MMAs."""
     PF: tl.constexpr = 32 // BITS
     NF: tl.constexpr = PF * R // 8  # fields of a word one lane uses per chunk
     HR: tl.constexpr = R // 2  # lanes sharing the chunk's rows: t % HR picks the rows, t // HR the fields
     CK: tl.constexpr = R * PF
-    BLOCK_N: tl.constexpr = 32 * WARPS
+    BLOCK_N: tl.constexpr = 32 * WN
+    L: tl.constexpr = 32 * WN * WK
     ROWS: tl.constexpr = 8 * NB
     IS_BF16: tl.constexpr = X.dtype.element_ty == tl.bfloat16
     MAGIC: tl.constexpr = 128.0 if IS_BF16 else 1024.0
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
-    lane = tl.arange(0, BLOCK_N)[:, None]
+    lane = tl.arange(0, L)[:, None]
     c4 = tl.arange(0, 4)[None, :]
     g = (lane % 32) // 4
     t = lane % 4
-    wcol = pid_n * BLOCK_N + (lane // 32) * 32 + 4 * g
+    wcol = pid_n * BLOCK_N + ((lane // 32) % WN) * 32 + 4 * g
     cols = wcol + c4  # the lane's 4 word columns (one 16-byte load per word row)
     ccol = wcol + c4 // 2  # column of tile 0's C element c (tile 1: + 2)
     mrow0 = pid_m * ROWS + 2 * t + c4 % 2  # x row of C element c (set 1: + 8)
@@ -223,64 +247,76 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
     per = tl.cdiv(nunits, SPLIT_K)
     u0 = pid_k * per
     u1 = tl.minimum(u0 + per, nunits)
-    acc0 = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
-    acc1 = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
-    acc3 = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
+    uw = u0 + lane // (32 * WN)  # this warp's first step; then every WK-th
+    acc0 = tl.zeros((L, 4), dtype=tl.float32)
+    acc1 = tl.zeros((L, 4), dtype=tl.float32)
+    acc2 = tl.zeros((L, 4), dtype=tl.float32)
+    acc3 = tl.zeros((L, 4), dtype=tl.float32)
     if USE_ASM and PREFETCH:
-        n0, n1, n2, n3, n4, n5, n6, n7 = _unit_words(W, tl.minimum(u0, nunits - 1), UNIT, R, rp, NP, cols, nmask,
-                                                     shift)
-    for u in range(u0, u1):
-        c0 = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
-        c1 = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
-        cx = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
-        e0 = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
-        e1 = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
-        ex = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
+        un = tl.minimum(uw, nunits - 1)
+        n0, n1, n2, n3, n4, n5, n6, n7 = _unit_words(W, un, UNIT, R, rp, NP, cols, nmask, shift)
+        q0, q1, q2, q3, q4, q5, q6, q7 = _unit_x(X32, xbase0, koff, xmask0 & (uw < u1), un, UNIT, CK, NF, R, KX,
+                                                 EVEN_K)
+    for i in range(0, tl.cdiv(u1 - u0, WK)):
+        u = uw + i * WK
+        live = u < u1
+        uc = tl.minimum(u, nunits - 1)
+        c0 = tl.zeros((L, 4), dtype=tl.float32)
+        c1 = tl.zeros((L, 4), dtype=tl.float32)
+        cx = tl.zeros((L, 4), dtype=tl.float32)
+        e0 = tl.zeros((L, 4), dtype=tl.float32)
+        e1 = tl.zeros((L, 4), dtype=tl.float32)
+        ex = tl.zeros((L, 4), dtype=tl.float32)
         if USE_ASM:
             if PREFETCH:
                 w0, w1, w2, w3, w4, w5, w6, w7 = n0, n1, n2, n3, n4, n5, n6, n7
-                n0, n1, n2, n3, n4, n5, n6, n7 = _unit_words(W, tl.minimum(u + 1, u1 - 1), UNIT, R, rp, NP, cols,
-                                                             nmask, shift)
+                p0, p1, p2, p3, p4, p5, p6, p7 = q0, q1, q2, q3, q4, q5, q6, q7
+                un = tl.minimum(u + WK, nunits - 1)
+                n0, n1, n2, n3, n4, n5, n6, n7 = _unit_words(W, un, UNIT, R, rp, NP, cols, nmask, shift)
+                q0, q1, q2, q3, q4, q5, q6, q7 = _unit_x(X32, xbase0, koff, xmask0 & (u + WK < u1), un, UNIT, CK,
+                                                         NF, R, KX, EVEN_K)
             else:
-                w0, w1, w2, w3, w4, w5, w6, w7 = _unit_words(W, u, UNIT, R, rp, NP, cols, nmask, shift)
+                w0, w1, w2, w3, w4, w5, w6, w7 = _unit_words(W, uc, UNIT, R, rp, NP, cols, nmask, shift)
+                p0, p1, p2, p3, p4, p5, p6, p7 = _unit_x(X32, xbase0, koff, xmask0 & live, uc, UNIT, CK, NF, R, KX,
+                                                         EVEN_K)
         for ci in tl.static_range(UNIT):
-            ch = u * UNIT + ci
-            kbase = ch * CK
+            kbase = (uc * UNIT + ci) * CK
             if USE_ASM:
                 if ci == 0:
-                    wa, wb = w0, w1
+                    wa, wb, x0, x1, x2, x3 = w0, w1, p0, p1, p2, p3
                 elif ci == 1:
-                    wa, wb = w2, w3
+                    wa, wb, x0, x1, x2, x3 = w2, w3, p4, p5, p6, p7
                 elif ci == 2:
                     wa, wb = w4, w5
+                    x0, x1, x2, x3 = _chunk_x(X32, xbase0, koff, xmask0 & live, kbase, NF, R, KX, EVEN_K)
                 else:
                     wa, wb = w6, w7
-                x0, x1, x2, x3 = _chunk_x(X32, xbase0, koff, xmask0, kbase, NF, R, KX, EVEN_K)
+                    x0, x1, x2, x3 = _chunk_x(X32, xbase0, koff, xmask0 & live, kbase, NF, R, KX, EVEN_K)
                 if NB == 2:
-                    y0, y1, y2, y3 = _chunk_x(X32, xbase1, koff, xmask1, kbase, NF, R, KX, EVEN_K)
+                    y0, y1, y2, y3 = _chunk_x(X32, xbase1, koff, xmask1 & live, kbase, NF, R, KX, EVEN_K)
                 else:
                     y0, y1, y2, y3 = x0, x1, x2, x3
                 c0, c1, cx, e0, e1, ex = tl.inline_asm_elementwise(
                     ASM, CONSTRAINTS, [wa, wb, x0, x1, x2, x3, y0, y1, y2, y3, c0, c1, cx, e0, e1, ex],
                     dtype=(tl.float32,) * 6, is_pure=True, pack=4)
             else:
-                d0, d1, dx = _chunk_twin(W, X, NP, ch * R, ccol, kbase, mrow0, KX, stride_xm, nmask0, nmask1,
+                row0 = (uc * UNIT + ci) * R
+                d0, d1, dx = _chunk_twin(W, X, NP, row0, ccol, kbase, mrow0, live, KX, stride_xm, nmask0, nmask1,
                                          BITS, R, MAGIC)
                 c0, c1, cx = c0 + d0, c1 + d1, cx + dx
                 if NB == 2:
-                    d0, d1, dx = _chunk_twin(W, X, NP, ch * R, ccol, kbase, mrow1, KX, stride_xm, nmask0, nmask1,
-                                             BITS, R, MAGIC)
+                    d0, d1, dx = _chunk_twin(W, X, NP, row0, ccol, kbase, mrow1, live, KX, stride_xm, nmask0,
+                                             nmask1, BITS, R, MAGIC)
                     e0, e1, ex = e0 + d0, e1 + d1, ex + dx
-        grp = (u * UNIT * CK) // GS
+        grp = (uc * UNIT * CK) // GS
         acc0 += _group_term(S, Z, OFF, grp, NP, ccol, nmask0, c0, cx, ZC, MAGIC, HAS_Z, HAS_OFF)
         acc1 += _group_term(S, Z, OFF, grp, NP, ccol + 2, nmask1, c1, cx, ZC, MAGIC, HAS_Z, HAS_OFF)
         if NB == 2:
             acc2 += _group_term(S, Z, OFF, grp, NP, ccol, nmask0, e0, ex, ZC, MAGIC, HAS_Z, HAS_OFF)
             acc3 += _group_term(S, Z, OFF, grp, NP, ccol + 2, nmask1, e1, ex, ZC, MAGIC, HAS_Z, HAS_OFF)
-    out = _frag_to_tile(acc0, acc1, WARPS)
+    out = _frag_to_tile(_warp_sum(acc0, WK, BLOCK_N), _warp_sum(acc1, WK, BLOCK_N), WN)
     if NB == 2:
-        out = stack2(out, _frag_to_tile(acc2, acc3, WARPS))
+        out = stack2(out, _frag_to_tile(_warp_sum(acc2, WK, BLOCK_N), _warp_sum(acc3, WK, BLOCK_N), WN))
     offs_m = pid_m * ROWS + tl.arange(0, ROWS)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     store_split(Y, BIAS, PART, LOCK, out, offs_m, offs_n, M, N, stride_ym, pid_m * tl.num_programs(0) + pid_n,
@@ -329,7 +365,8 @@ def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, 
     nch = p.kp // ck
     unit = units(p, cfg.block_k)
     warps = cfg.num_warps
-    tiles_n = triton.cdiv(p.n, 32 * warps)
+    wn = max(1, min(warps, cfg.block_n // 32))
+    tiles_n = triton.cdiv(p.n, 32 * wn)
     nb = 2 if m > SET_ROWS and cfg.block_m > SET_ROWS else 1
     tiles_m = triton.cdiv(m, SET_ROWS * nb)
     split = max(1, min(cfg.split_k, nch // unit)) if lock is not None and tiles_n * tiles_m <= lock.numel() else 1
@@ -340,8 +377,8 @@ def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, 
         bias if bias is not None else y, y, part, lock if lock is not None else p.qweight,
         m, p.n, kx, p.np, nch, split, x2.stride(0), y.stride(0),
         GS=p.group, BITS=p.bits, R=p.rows_per_block, ZC=p.zero_const, HAS_Z=p.zeros is not None,
-        HAS_OFF=p.offsets is not None, HAS_BIAS=bias is not None, WARPS=warps, UNIT=unit, NB=nb,
-        SPLIT=split > 1, EVEN_K=kx == p.kp, EVEN_N=p.np % (32 * warps) == 0, PREFETCH=cfg.prefetch, USE_ASM=use_asm,
+        HAS_OFF=p.offsets is not None, HAS_BIAS=bias is not None, WN=wn, WK=warps // wn, UNIT=unit, NB=nb,
+        SPLIT=split > 1, EVEN_K=kx == p.kp, EVEN_N=p.np % (32 * wn) == 0, PREFETCH=cfg.prefetch, USE_ASM=use_asm,
         ASM=mma_asm(p.bits, nf, x2.dtype == torch.bfloat16, nb), CONSTRAINTS=MMA_CONSTRAINTS, num_warps=warps,
         num_stages=1)
     return y
