@@ -164,6 +164,38 @@ def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Genera
     return found
 
 
+def affine(k: int, n: int, reps: int, gen: torch.Generator) -> None:
+    """GGUF's affine runtime (``build_affine32``: 4-bit codes, float32 scale and offset per 32, as Q4_K / Q4_1
+    load with ``affine_runtime=True``) at M=1: gemv_tc's configs against the shipped path and bf16."""
+    codes = torch.randint(0, 16, (n, k), device=DEV, dtype=torch.uint8, generator=gen)
+    s = torch.rand(n, k // 32, device=DEV, generator=gen) * 0.02 + 0.005
+    o = -torch.rand(n, k // 32, device=DEV, generator=gen) * 0.1
+    p = build_affine32(codes, s, o, 4)
+    w = codes.float() * s.repeat_interleave(32, 1) + o.repeat_interleave(32, 1)
+    x = torch.randn(1, k, device=DEV, generator=gen).to(torch.bfloat16)
+    ref = x.float() @ w.T
+    del w, codes
+    nbytes = sum(t.numel() * t.element_size() for t in (p.qweight, p.scales, p.offsets))
+    r = copies(nbytes)
+    ps = [p] + [p.with_tensors(qweight=p.qweight.clone(), scales=p.scales.clone(), offsets=p.offsets.clone())
+                for _ in range(r - 1)]
+    lock = torch.zeros(lock_slots(n), dtype=torch.int32, device=DEV)
+    w16 = torch.randn(n, k, device=DEV, dtype=torch.bfloat16, generator=gen)
+    ws = [w16] + [w16.clone() for _ in range(copies(w16.numel() * 2) - 1)]
+    bf16 = timed([lambda x, w=w: torch.nn.functional.linear(x, w) for w in ws], x, reps)
+    del ws, w16
+    ship = configs.legal(configs.choose(torch.cuda.get_device_name(), 132, 1, n, k, 4, 32, "gemv"), 1, p.kp, 4)
+    t_ship = timed([lambda x, q=q: qmm(x, q, ship, None, lock) for q in ps], x, reps)
+    rows = []
+    for c in candidates(p):
+        if float((tc(x, p, c, lock).float() - ref).norm() / ref.norm()) < 1e-2:
+            rows.append((timed([lambda x, q=q, c=c: tc(x, q, c, lock) for q in ps], x, reps), c))
+    rows.sort(key=lambda r: r[0])
+    top = ", ".join(f"{us:.1f} {fmt(c, p)}" for us, c in rows[:5])
+    print(f"| affine32 {k}x{n} ({nbytes / 1e6:.1f} MB) | 4 | 1 | {bf16:.1f} | {t_ship:.1f} (gemv) | {rows[0][0]:.1f} | "
+          f"{bf16 / rows[0][0]:.2f}x | {t_ship / rows[0][0]:.2f}x | {top} |", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="4096x14336,8192x28672,4096x4096,14336x4096")
@@ -171,6 +203,7 @@ def main() -> int:
     ap.add_argument("--m", default="1,4,8,16")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--affine", default="", help="shapes for GGUF's affine runtime (float32 scale + offset per 32)")
     ap.add_argument("--once", help="wn,wk,unit,split,prefetch: three calls of one config on the first shape (ncu)")
     a = ap.parse_args()
     gen = torch.Generator(device=DEV).manual_seed(7)
@@ -193,6 +226,9 @@ def main() -> int:
         for s in a.shapes.split(","):
             k, n = (int(v) for v in s.split("x"))
             found.update(sweep(k, n, bits, [int(v) for v in a.m.split(",")], a.reps, gen))
+    for shape in filter(None, a.affine.split(",")):
+        k, n = (int(v) for v in shape.split("x"))
+        affine(k, n, a.reps, gen)
     print(json.dumps(found, indent=1))
     return 1 if bad else 0
 

@@ -96,10 +96,12 @@ def forced(variant: str, bits: int) -> tuple[Config, int]:
         "skinny3": (Config("skinny3", 16, 32, 32, 3, 4, 1), 7),
         "gemm2": (Config("gemm2", 32, 32, 64, 3, 4, 1), 37),
         "dense": (Config("dense", 1, 32, 8 * pf, 1, 4, 1), 9),
+        # one 32-column strip walked by 2 warps in turn, two 8-row sets, next step prefetched
+        "gemv_tc": (Config("gemv_tc", 16, 32, 128, 3, 2, 1, prefetch=True), 13),
     }[variant]
 
 
-@pytest.mark.parametrize("variant", ["gemv", "skinny", "skinny2", "skinny3", "gemm", "gemm2", "dense"])
+@pytest.mark.parametrize("variant", ["gemv_tc", "gemv", "skinny", "skinny2", "skinny3", "gemm", "gemm2", "dense"])
 @pytest.mark.parametrize("case", GPTQ, ids=lambda c: f"{c[0]}-{c[1]}b-g{c[2]}-{'sym' if c[3] else 'asym'}"
                          f"{'-act' if c[4] else ''}-{str(c[8])[6:]}")
 def test_gptq_variant_matches_oracle(case: tuple, variant: str) -> None:
@@ -107,8 +109,8 @@ def test_gptq_variant_matches_oracle(case: tuple, variant: str) -> None:
     cfg, m = forced(variant, case[1])
     dtype = case[8]
     x = torch.randn(m, case[6], generator=torch.Generator().manual_seed(m)).to(dtype)
-    if variant == "skinny3" and case[1] != 4:
-        with pytest.raises(ValueError, match=f"skinny3 cannot run this call: {case[1]}-bit words"):
+    if (variant == "skinny3" and case[1] != 4) or (variant == "gemv_tc" and case[1] == 8):
+        with pytest.raises(ValueError, match=f"{variant} cannot run this call: {case[1]}-bit words"):
             layer.matmul(x, config=cfg)
         return
     y = layer.matmul(x, config=cfg)
@@ -158,6 +160,31 @@ def test_gemv_prefetch_matches_oracle(case: tuple) -> None:
     assert int(layer._rt_lock.abs().sum()) == 0
 
 
+@pytest.mark.parametrize(("case", "wn", "warps", "split", "prefetch", "m"),
+                         [(GPTQ[0], 2, 2, 1, False, 1), (GPTQ[1], 1, 4, 2, True, 8), (GPTQ[2], 1, 2, 5, True, 3),
+                          (GPTQ[3], 2, 4, 3, False, 16), (GPTQ[4], 1, 2, 2, True, 9), (GPTQ[5], 2, 2, 4, True, 2)],
+                         ids=lambda v: f"{v[1]}b-g{v[2]}" if isinstance(v, tuple) else str(v))
+def test_gemv_tc_tilings_match_oracle(case: tuple, wn: int, warps: int, split: int, prefetch: bool, m: int) -> None:
+    """The tensor-core GEMV's tilings (its plain-Triton twin here): warps along N and along K (their sums
+    meet in shared memory), split-K over CTAs, prefetch, one or two 8-row sets, partial last sets."""
+    layer, w64, b64 = gptq_layer(case)
+    cfg = Config("gemv_tc", 16, 32 * wn, 4 * 32 // case[1], split, warps, 1, prefetch=prefetch)
+    x = torch.randn(m, case[6], generator=torch.Generator().manual_seed(m)).to(case[8])
+    y = layer.matmul(x, config=cfg)
+    assert rel_err(y, x.double().numpy() @ w64.T + b64) < TOL[case[8]]
+    assert int(layer._rt_lock.abs().sum()) == 0
+
+
+def test_gemv_tc_is_picked_by_m_and_skipped_where_it_cannot_run() -> None:
+    """Without a device table the defaults give M <= 8 to gemv_tc; 8-bit weights (no magic-number pairs)
+    and groups too short for a field block fall back to what the crossovers give without it."""
+    four, _, _ = gptq_layer(GPTQ[0])
+    eight, _, _ = gptq_layer(GPTQ[6])
+    cpu = torch.device("cpu")
+    assert [four.config_for(m, cpu).variant for m in (1, 8, 9, 40)] == ["gemv_tc", "gemv_tc", "skinny2", "gemm2"]
+    assert [eight.config_for(m, cpu).variant for m in (1, 4)] == ["gemv", "skinny2"]
+
+
 @pytest.mark.parametrize("m", [1, 4, 16, 40, 1100])
 def test_forward_picks_a_variant_per_m(m: int) -> None:
     layer, w64, b64 = gptq_layer(GPTQ[1])
@@ -184,9 +211,9 @@ def test_irregular_groups_are_padded() -> None:
     w64 = dequantize_checkpoint(sd, bits, k, n, "gptq_v2")
     assert layer.packed().kp > k  # padded
     x = torch.randn(5, k, dtype=torch.float16)
-    for variant in ("gemv", "skinny", "skinny2", "skinny3", "gemm", "gemm2", "dense"):
+    for variant in ("gemv_tc", "gemv", "skinny", "skinny2", "skinny3", "gemm", "gemm2", "dense"):
         cfg, _ = forced(variant, bits)
-        if variant == "skinny3":  # groups padded to 40 rows: no 2-row field blocks inside a group
+        if variant in ("skinny3", "gemv_tc"):  # groups padded to 40 rows: no 2-row field blocks inside a group
             with pytest.raises(ValueError, match="field blocks of 1 word rows"):
                 layer.matmul(x, config=cfg)
             continue
@@ -204,7 +231,7 @@ def test_awq_gemm_matches_oracle(group: int, sym: bool, dtype: torch.dtype) -> N
     layer.prepare()
     sd = {name: t.numpy() for name, t in layer.state_dict().items()}
     w64 = awq_numpy.dequantize("gemm", sd, 4, k, n, layer.scheme.group_size)
-    for variant in ("gemv", "skinny", "skinny2", "skinny3", "gemm", "gemm2", "dense"):
+    for variant in ("gemv_tc", "gemv", "skinny", "skinny2", "skinny3", "gemm", "gemm2", "dense"):
         cfg, m = forced(variant, 4)
         x = torch.randn(m, k).to(dtype)
         assert rel_err(layer.matmul(x, config=cfg), x.double().numpy() @ w64.T) < TOL[dtype]
@@ -274,7 +301,8 @@ def test_configs_table_and_heuristics(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [configs.pick_variant("H", m, 4) for m in (1, 2, 8, 9, 256, 300)] == \
         ["gemv", "skinny", "skinny", "gemm", "gemm", "dense"]
     assert configs.choose("H", 132, 2, 4096, 4096, 4, 128, "gemv").split_k == 7  # nearest bucket
-    assert configs.choose("other", 132, 1, 4096, 4096, 4, 128).variant == "gemv"
+    assert configs.choose("other", 132, 1, 4096, 4096, 4, 128).variant == "gemv_tc"
+    assert configs.choose("other", 132, 1, 4096, 4096, 4, 128, exclude=("gemv_tc",)).variant == "gemv"
     cfg = configs.legal(configs.Config("gemv", 4, 64, 64, 999, 2, 2), 1, 4096, 4)
     assert (cfg.block_m, cfg.block_n, cfg.split_k) == (1, 256, 64)  # layout contract, split <= K steps
     assert configs.legal(configs.Config("gemv", 4, 256, 64, 4, 2, 2), 3, 4096, 4).block_m == 4  # rows <= 4

@@ -30,7 +30,7 @@ from ..spec import Scheme
 from ..target import Target
 from .gguf_torch import GGUFQuantLinear
 from .planned.gguf import GGUFTritonKernel as _Declared
-from .triton_gptq import device_facts, interpreting, triton_version_reasons
+from .triton_gptq import device_facts, interpreting, tc_unfit, triton_version_reasons
 
 T = gguf.GGMLType
 #: every type the Triton bodies decode (``triton.gguf.GEOMS``)
@@ -95,7 +95,8 @@ class GGUFTritonKernel(GGUFQuantLinear):
                       offsets=self._af_offsets)
 
     def affine_matmul(self, x2: torch.Tensor, p: Any, variant: str | None, config: Any) -> torch.Tensor:
-        """``x2 @ W^T + bias`` on the GPTQ kernels (variants gemv, skinny2, gemm2, dense: the ones with offsets)."""
+        """``x2 @ W^T + bias`` on the GPTQ kernels (variants gemv_tc, gemv, skinny2, gemm2, dense: the ones with
+        offsets)."""
         from .triton.configs import choose, legal
         from .triton.dequant import dense_mm
         from .triton.qmm import qmm
@@ -105,6 +106,8 @@ class GGUFTritonKernel(GGUFQuantLinear):
         if cfg is None:
             name, sms = device_facts(x2.device.index or 0) if x2.device.type == "cuda" else ("interpreter", 4)
             cfg = choose(name, sms, m, p.n, p.k, 4, 32, variant)
+            if cfg.variant == "gemv_tc" and variant is None and tc_unfit(p, m, x2.dtype, x2.device):
+                cfg = choose(name, sms, m, p.n, p.k, 4, 32, exclude=("gemv_tc",))
             if cfg.variant in ("skinny", "skinny3", "gemm"):
                 cfg = choose(name, sms, m, p.n, p.k, 4, 32, "skinny2" if m <= 16 else "gemm2")
             if cfg.variant in ("skinny2", "gemm2"):  # one 32-group per step: [1, BN] scales and offsets, not

@@ -44,6 +44,14 @@ def device_facts(index: int) -> tuple[str, int]:
     return props.name, props.multi_processor_count
 
 
+def tc_unfit(p: Any, m: int, dtype: torch.dtype, device: torch.device) -> list[str]:
+    """Why the tensor-core GEMV (``gemv_tc``) cannot take this call, which M alone would give it."""
+    from .triton.qmv_tc import tc_reasons
+
+    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    return tc_reasons(p, m, dtype, cap)
+
+
 def triton_version_reasons(target: Target) -> list[str]:
     """A too-old triton on the live machine (fake targets answer only whether it is importable)."""
     if target.modules is not None or not target.has_module("triton"):
@@ -162,6 +170,8 @@ class TritonQuantMixin:
         bits, k, n, group = self._rt_meta[:4]  # type: ignore[index]
         kp = self._rt_qweight.shape[0] * (32 // bits)
         cfg = choose(name, sms, m, n, k, bits, group, variant)
+        if cfg.variant == "gemv_tc" and variant is None and tc_unfit(self.packed(), m, self.dtype, device):
+            cfg = choose(name, sms, m, n, k, bits, group, exclude=("gemv_tc",))
         if cfg.variant == "skinny3" and variant is None:  # chosen by M, but this layer/call may not fit it
             from .triton.qmm3 import skinny3_reasons
 

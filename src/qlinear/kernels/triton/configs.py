@@ -2,6 +2,9 @@
 
 A config is chosen per call from the flattened row count M. Variants, each with its own limits:
 
+* ``gemv_tc`` 2/4-bit, M <= 16, sm_80+: the decode GEMV on ``mma.sync`` tensor cores (weights as A, up to 8
+  activation rows as B, ``qmv_tc.py``); ``block_n = 32 x`` warps along N, the other warps split K inside the
+  CTA, ``block_k`` codes per step, ``block_m`` 16 shares each dequantized chunk between two 8-row sets.
 * ``gemv``   split-K, multiply-reduce on CUDA cores, 1, 2 or 4 rows per program (``block_m``; rows share
   each dequantized weight): memory bound, decode.
 * ``skinny`` split-K, ``tl.dot`` with a 16-row tile (M <= 16..64).
@@ -24,11 +27,11 @@ from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from typing import Any
 
-VARIANTS = ("gemv", "skinny3", "skinny", "skinny2", "gemm", "gemm2", "dense")
+VARIANTS = ("gemv_tc", "gemv", "skinny3", "skinny", "skinny2", "gemm", "gemm2", "dense")
 #: group length the kernels use for "one group spans K" (any block is inside group 0)
 CHANNELWISE = 1 << 30
 #: default crossovers (largest M bucket served), used when the table has none for a device/bits
-DEFAULT_CROSSOVERS = {"gemv": 1, "skinny2": 16, "gemm2": 256}
+DEFAULT_CROSSOVERS = {"gemv_tc": 8, "gemv": 1, "skinny2": 16, "gemm2": 256}
 #: Shared memory a pipelined tile config may take by the A+B estimate (bytes). The compiler takes up
 #: to ~1.45x the estimate (layout buffers), so this keeps under sm_90's 227 KiB opt-in limit; a
 #: 2-bit config asked 258048 B on the H200 before this clamp.
@@ -80,13 +83,15 @@ def _tables() -> dict[str, Any]:
     return merged
 
 
-def pick_variant(device: str, m: int, bits: int) -> str:
-    """The variant for M rows: the device table's crossovers for these bits, else the defaults."""
+def pick_variant(device: str, m: int, bits: int, exclude: tuple[str, ...] = ()) -> str:
+    """The variant for M rows: the device table's crossovers for these bits, else the defaults; the first
+    variant (in ``VARIANTS`` order) whose crossover covers M's bucket, skipping ``exclude`` (variants this
+    call cannot run)."""
     cross = _tables().get(device, {}).get("crossovers", {})
     limits = cross.get(str(bits)) or cross.get("default") or DEFAULT_CROSSOVERS
     b = m_bucket(m)
     for v in VARIANTS[:-1]:
-        if v in limits and b <= int(limits[v]):
+        if v in limits and b <= int(limits[v]) and v not in exclude:
             return v
     return "dense"
 
@@ -114,6 +119,11 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         nkb = -(-k // bk)
         split = min(32, _split(-(-n // (128 * warps)), nkb, sms, 12, 2))
         return Config("gemv", min(4, m_bucket(m)), 128 * warps, bk, split, warps, 2)
+    if variant == "gemv_tc":  # placeholder until measured: 2 strips of 32 columns x 2 K warps, 4 chunks a step
+        ck = 8 * pf
+        tiles = -(-n // 64)
+        split = min(32, _split(tiles, max(1, k // (4 * ck * 2)), sms, 8, 1))
+        return Config("gemv_tc", 16 if m > 8 else 8, 64, 4 * ck, split, 4, 1, prefetch=True)
     if variant == "skinny":  # 64 columns x 4 warps: the dequantized tile feeds mma straight from registers
         bn = 64 if n >= 64 else 32
         nkb = -(-k // 128)
@@ -150,10 +160,10 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
 
 
 def choose(device: str, sms: int, m: int, n: int, k: int, bits: int, group: int,
-           variant: str | None = None) -> Config:
+           variant: str | None = None, exclude: tuple[str, ...] = ()) -> Config:
     """The table's entry for this call (its M bucket, else the nearest measured bucket of the same
-    variant and shape), else ``heuristic``; ``variant`` forces one."""
-    variant = variant or pick_variant(device, m, bits)
+    variant and shape), else ``heuristic``; ``variant`` forces one, ``exclude`` skips variants by M."""
+    variant = variant or pick_variant(device, m, bits, exclude)
     table = _tables().get(device, {}).get("configs", {})
     entry = table.get(table_key(variant, m, n, k, bits, group))
     exact = entry is not None
@@ -166,6 +176,8 @@ def choose(device: str, sms: int, m: int, n: int, k: int, bits: int, group: int,
         fields = {f: entry[f] for f in Config.__dataclass_fields__ if f in entry and f != "variant"}
         if variant == "gemv" and not exact:  # another bucket's entry: rows per program follow this M
             fields["block_m"] = min(4, m_bucket(m))
+        if variant == "gemv_tc" and not exact:
+            fields["block_m"] = 16 if m > 8 else 8
         return Config(variant, **fields)
     return heuristic(variant, sms, m, n, k, bits, group)
 
@@ -174,6 +186,10 @@ def legal(cfg: Config, m: int, k: int, bits: int) -> Config:
     """Clamp a config to what the kernels accept for this call (powers of two, dot minimums, split range)."""
     pf = 32 // bits
     bk = max(cfg.block_k, pf, 16 * (cfg.variant in ("skinny", "gemm", "skinny2", "gemm2", "skinny3")))
+    if cfg.variant == "gemv_tc":  # warps: block_n / 32 along N, the rest along K (qmv_tc.py)
+        wn = max(1, min(cfg.num_warps, cfg.block_n // 32))
+        return replace(cfg, block_m=16 if m > 8 and cfg.block_m > 8 else 8, block_n=32 * wn, num_stages=1,
+                       split_k=max(1, min(cfg.split_k, -(-k // max(pf, cfg.block_k)))))
     bm = min(4, max(1, cfg.block_m), m_bucket(m)) if cfg.variant == "gemv" else max(16, cfg.block_m)
     if cfg.variant == "gemv":  # the layout contract of the GEMV body
         cfg = replace(cfg, block_n=128 * cfg.num_warps)

@@ -271,6 +271,11 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
         from .qmm3 import qmm3
 
         return qmm3(x2, p, cfg, bias, lock, y, use_asm=not interpreting())
+    if cfg.variant == "gemv_tc":
+        from ..triton_gptq import interpreting
+        from .qmv_tc import qmv_tc
+
+        return qmv_tc(x2, p, cfg, bias, lock, y, use_asm=not interpreting())
     use_dot = cfg.variant != "gemv"
     if use_dot and p.offsets is not None:
         raise ValueError(f"variant {cfg.variant} does not take additive offsets (GGUF minimums); use gemv, skinny2, "

@@ -323,9 +323,12 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                 pid_k, SPLIT_K, HAS_BIAS, SPLIT, ROWS, BLOCK_N)
 
 
-def tc_reasons(p: Packed, m: int, dtype: torch.dtype) -> list[str]:
-    """Why ``gemv_tc`` cannot run this call ([] when it can)."""
+def tc_reasons(p: Packed, m: int, dtype: torch.dtype, capability: tuple[int, int] | None = None) -> list[str]:
+    """Why ``gemv_tc`` cannot run this call ([] when it can); ``capability`` is the CUDA device's (None: the
+    interpreter, which runs the plain-Triton twin)."""
     out = []
+    if capability is not None and capability < (8, 0):
+        out.append(f"compute capability {capability[0]}.{capability[1]} (mma.sync m16n8k16 needs 8.0+)")
     if p.bits not in (2, 4):
         out.append(f"{p.bits}-bit words (gemv_tc takes 2 and 4-bit codes: one magic-number LOP3 per code pair)")
     elif (32 // p.bits) * p.rows_per_block // 8 < 4:
@@ -352,7 +355,8 @@ def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, 
     from .qmm import gather_cols
 
     m = x2.shape[0]
-    why = tc_reasons(p, m, x2.dtype)
+    cap = torch.cuda.get_device_capability(x2.device) if x2.device.type == "cuda" else None
+    why = tc_reasons(p, m, x2.dtype, cap)
     if why:
         raise ValueError("gemv_tc cannot run this call: " + "; ".join(why))
     if p.perm is not None:
