@@ -70,6 +70,12 @@ def run_asm(asm: str, regs: list[dict[str, float | int]], bf16: bool) -> None:
             elif op == "lop3.b32":
                 assert args[4] == "0xEA"  # (a & b) | c
                 lane[args[0]] = (val(lane, args[1]) & val(lane, args[2])) | val(lane, args[3])
+            elif op.startswith("fma.rn."):  # packed a * b + c, each half rounded to the pair's type
+                out = []
+                for x, y, z in zip(*(halves(val(lane, v), bf16) for v in args[1:4]), strict=True):
+                    r = torch.tensor(x * y + z, dtype=torch.float64).to(torch.bfloat16 if bf16 else torch.float16)
+                    out.append(int(r.view(torch.int16)) & 0xFFFF)
+                lane[args[0]] = out[0] | out[1] << 16
             elif op == "prmt.b32":
                 pool = (val(lane, args[1]) & 0xFFFFFFFF) | (val(lane, args[2]) & 0xFFFFFFFF) << 32
                 sel = val(lane, args[3])
@@ -78,11 +84,14 @@ def run_asm(asm: str, regs: list[dict[str, float | int]], bf16: bool) -> None:
                 raise AssertionError(f"unexpected instruction {op}")
 
 
-@pytest.mark.parametrize(("bits", "group", "bf16", "nb"), [(4, 128, True, 1), (4, 32, False, 2), (2, 128, True, 2),
-                                                           (2, 32, False, 1), (2, 64, True, 1)])
-def test_asm_chunk_sums_match_the_codes(bits: int, group: int, bf16: bool, nb: int) -> None:
-    """One warp, one chunk (a field block), columns 0..31: C = sum (m + q) x and Cx = sum x, per the
-    C fragment (tile 0: column 4g + c // 2; tile 1: + 2; x row 2t + c % 2; set b: + 8 b)."""
+@pytest.mark.parametrize(("bits", "group", "bf16", "nb", "sub"),
+                         [(4, 128, True, 1, False), (4, 32, False, 2, False), (2, 128, True, 2, False),
+                          (2, 32, False, 1, False), (2, 64, True, 1, False), (4, 128, True, 2, True),
+                          (4, 32, False, 1, True), (2, 128, False, 1, True)])
+def test_asm_chunk_sums_match_the_codes(bits: int, group: int, bf16: bool, nb: int, sub: bool) -> None:
+    """One warp, one chunk (a field block), columns 0..31: C = sum (m + q) x (with ``sub``: sum (q - z) x)
+    and Cx = sum x, per the C fragment (tile 0: column 4g + c // 2; tile 1: + 2; x row 2t + c % 2; set b:
+    + 8 b)."""
     gen = torch.Generator().manual_seed(bits * 100 + group)
     n, k, pf = 32, 256, 32 // bits
     codes = torch.randint(0, 1 << bits, (n, k), generator=gen, dtype=torch.uint8)
@@ -91,6 +100,7 @@ def test_asm_chunk_sums_match_the_codes(bits: int, group: int, bf16: bool, nb: i
     r = p.rows_per_block
     nf, hr, magic = pf * r // 8, r // 2, 128.0 if bf16 else 1024.0
     dtype = torch.bfloat16 if bf16 else torch.float16
+    zero = [(7 * col) % (1 << bits) for col in range(n)]
     x = torch.randn(8 * nb, k, generator=gen).to(dtype)
     xbits = x.view(torch.int16).to(torch.int64) & 0xFFFF
     words = p.qweight.to(torch.int64) & 0xFFFFFFFF
@@ -111,10 +121,13 @@ def test_asm_chunk_sums_match_the_codes(bits: int, group: int, bf16: bool, nb: i
                     int(xbits[min(g + 8 * b, 8 * nb - 1), kk + 1]) << 16
         for i in range(24):
             lane[f"${64 + i}"] = 0.0
+        for c in range(4):  # -(m + z) twice, z of the lane's word column (a per-column zero here)
+            h = int(torch.tensor(-(magic + zero[4 * g + c]), dtype=dtype).view(torch.int16)) & 0xFFFF
+            lane[f"${88 + c}"] = h | h << 16
         regs.append(lane)
-    run_asm(mma_asm(bits, nf, bf16, nb), regs, bf16)
+    run_asm(mma_asm(bits, nf, bf16, nb, sub, cx=True), regs, bf16)
     kk = [kbase + j * r + row for row in range(r) for j in range(pf)]  # the chunk's sorted rows (identity perm)
-    q = codes[:, kk].double() + magic
+    q = codes[:, kk].double() - torch.tensor(zero).double()[:, None] if sub else codes[:, kk].double() + magic
     xs = x[:, kk].double()
     for ln, lane in enumerate(regs):
         g, t = ln // 4, ln % 4

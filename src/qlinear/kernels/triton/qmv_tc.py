@@ -40,13 +40,15 @@ SET_ROWS = 8
 
 
 
-def mma_asm(bits: int, nf: int, bf16: bool, nb: int) -> str:
+def mma_asm(bits: int, nf: int, bf16: bool, nb: int, sub: bool = False, cx: bool = True) -> str:
     """PTX of one chunk for one lane, for ``nb`` (1 or 2) sets of 8 activation rows sharing the weights.
 
     Operands (fixed, so one call site serves every case): outputs ``$12b + 0..3`` C of tile 0 of set ``b``,
     ``+4..7`` tile 1, ``+8..11`` Cx; inputs ``$24..$27`` / ``$28..$31`` the words of the lane's two word
     rows (4 columns), ``$32 + 16b + f`` the x pair of local field ``f`` for set ``b``, ``$64 + 12b + ...`` C
-    in. ``nf`` fields per word are used, two per K16 step: ``nf / 2`` steps of three MMAs per set.
+    in, ``$88..$91`` per column the pair ``-(m + z)``. ``nf`` fields per word are used, two per K16 step:
+    ``nf / 2`` steps of two MMAs per set, plus one with A = 1 for Cx when ``cx``. With ``sub`` each pair
+    becomes ``q - z`` (one exact FMA) so C needs no ``(m + z) Cx`` correction.
     """
     magic = "0x43004300" if bf16 else "0x64006400"
     one = "0x3F803F80" if bf16 else "0x3C003C00"
@@ -63,15 +65,18 @@ def mma_asm(bits: int, nf: int, bf16: bool, nb: int) -> str:
                 if i:
                     lines.append(f"shr.u32 u, t, {bits * i};")
                     src = "u"
-                lines.append(f"lop3.b32 p{c * nf + per_byte * x + i}, {src}, {mask}, {magic}, 0xEA;")
+                reg = f"p{c * nf + per_byte * x + i}"
+                lines.append(f"lop3.b32 {reg}, {src}, {mask}, {magic}, 0xEA;")
+                if sub:
+                    lines.append(f"fma.rn.{ty}x2 {reg}, {reg}, one, ${88 + c};")
     mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32"
     for s in range(nf // 2):
         fa, fb = 2 * s, 2 * s + 1
         for bset in range(nb):
             b = f"{{${32 + 16 * bset + fa}, ${32 + 16 * bset + fb}}}"
-            for acc, a in ((0, f"p{fa}, p{nf + fa}, p{fb}, p{nf + fb}"),
-                           (4, f"p{2 * nf + fa}, p{3 * nf + fa}, p{2 * nf + fb}, p{3 * nf + fb}"),
-                           (8, "one, one, one, one")):
+            tiles = [(0, f"p{fa}, p{nf + fa}, p{fb}, p{nf + fb}"),
+                     (4, f"p{2 * nf + fa}, p{3 * nf + fa}, p{2 * nf + fb}, p{3 * nf + fb}")]
+            for acc, a in tiles + ([(8, "one, one, one, one")] if cx else []):
                 out = 12 * bset + acc
                 d = ", ".join(f"${out + i}" for i in range(4))
                 src = ", ".join(f"${(64 + out if s == 0 else out) + i}" for i in range(4))
@@ -80,7 +85,7 @@ def mma_asm(bits: int, nf: int, bf16: bool, nb: int) -> str:
 
 
 #: operand constraints of ``mma_asm`` (the same for every case)
-MMA_CONSTRAINTS = ",".join(["=f"] * 24 + ["r"] * 40 + ["f"] * 24)
+MMA_CONSTRAINTS = ",".join(["=f"] * 24 + ["r"] * 40 + ["f"] * 24 + ["r"] * 4)
 
 
 @triton.jit
@@ -182,15 +187,31 @@ def _frag_to_tile(a0, a1, WARPS: tl.constexpr):
 
 
 @triton.jit
-def _group_term(S, Z, OFF, grp, NP, ccol, nmask, c, cx, ZC: tl.constexpr, MAGIC: tl.constexpr,
-                HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr):
-    """A tile's contribution of one step: ``s (C - (m + z) Cx) (+ o Cx)`` with the group's parameters."""
-    s = tl.load(S + grp * NP + ccol, mask=nmask, other=0.0).to(tl.float32)
-    if HAS_Z:  # noqa: SIM108 (constexpr branch)
-        zm = tl.load(Z + grp * NP + ccol, mask=nmask, other=0).to(tl.float32) + MAGIC
+def _neg_zero_pairs(Z, grp, NP, cols, nmask, ZC: tl.constexpr, MAGIC: tl.constexpr, HAS_Z: tl.constexpr,
+                    IS_BF16: tl.constexpr, L: tl.constexpr):
+    """Per word column of the lane, ``-(m + z)`` twice in one int32 (bf16x2 / f16x2) for the asm's FMA."""
+    if HAS_Z:
+        v = -(tl.load(Z + grp * NP + cols, mask=nmask, other=0).to(tl.float32) + MAGIC)
     else:
-        zm = ZC + MAGIC
-    out = s * (c - zm * cx)
+        v = tl.full((L, 4), -(ZC + MAGIC), tl.float32)
+    h = v.to(tl.bfloat16 if IS_BF16 else tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return h | (h << 16)
+
+
+@triton.jit
+def _group_term(S, Z, OFF, grp, NP, ccol, nmask, c, cx, ZC: tl.constexpr, MAGIC: tl.constexpr,
+                HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr, SUBZ: tl.constexpr):
+    """A tile's contribution of one step: ``s (C - (m + z) Cx) (+ o Cx)`` with the group's parameters
+    (``s C (+ o Cx)`` when the MMA already took ``q - z``)."""
+    s = tl.load(S + grp * NP + ccol, mask=nmask, other=0.0).to(tl.float32)
+    if SUBZ:
+        out = s * c
+    else:
+        if HAS_Z:  # noqa: SIM108 (constexpr branch)
+            zm = tl.load(Z + grp * NP + ccol, mask=nmask, other=0).to(tl.float32) + MAGIC
+        else:
+            zm = ZC + MAGIC
+        out = s * (c - zm * cx)
     if HAS_OFF:
         out += tl.load(OFF + grp * NP + ccol, mask=nmask, other=0.0) * cx
     return out
@@ -202,7 +223,7 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                   GS: tl.constexpr, BITS: tl.constexpr, R: tl.constexpr, ZC: tl.constexpr,
                   HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr, HAS_BIAS: tl.constexpr,
                   WN: tl.constexpr, WK: tl.constexpr, UNIT: tl.constexpr, NB: tl.constexpr, SPLIT: tl.constexpr,
-                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr,
+                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, SUBZ: tl.constexpr,
                   USE_ASM: tl.constexpr, ASM: tl.constexpr, CONSTRAINTS: tl.constexpr):
     """Grid ``(N / (32 WN), SPLIT_K, M / (8 NB))``; ``WN x WK`` warps: ``WN`` strips of 32 columns, each
     walked by ``WK`` warps taking turns over the CTA's steps (their sums meet in shared memory at the end).
@@ -218,6 +239,7 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
     ROWS: tl.constexpr = 8 * NB
     IS_BF16: tl.constexpr = X.dtype.element_ty == tl.bfloat16
     MAGIC: tl.constexpr = 128.0 if IS_BF16 else 1024.0
+    SUB_E: tl.constexpr = SUBZ and USE_ASM  # C already holds sum (q - z) x (the twin always sums (m + q) x)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -268,6 +290,7 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
         e1 = tl.zeros((L, 4), dtype=tl.float32)
         ex = tl.zeros((L, 4), dtype=tl.float32)
         if USE_ASM:
+            zz = _neg_zero_pairs(Z, (uc * UNIT * CK) // GS, NP, cols, nmask, ZC, MAGIC, HAS_Z, IS_BF16, L)
             if PREFETCH:
                 w0, w1, w2, w3, w4, w5, w6, w7 = n0, n1, n2, n3, n4, n5, n6, n7
                 p0, p1, p2, p3, p4, p5, p6, p7 = q0, q1, q2, q3, q4, q5, q6, q7
@@ -297,7 +320,7 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                 else:
                     y0, y1, y2, y3 = x0, x1, x2, x3
                 c0, c1, cx, e0, e1, ex = tl.inline_asm_elementwise(
-                    ASM, CONSTRAINTS, [wa, wb, x0, x1, x2, x3, y0, y1, y2, y3, c0, c1, cx, e0, e1, ex],
+                    ASM, CONSTRAINTS, [wa, wb, x0, x1, x2, x3, y0, y1, y2, y3, c0, c1, cx, e0, e1, ex, zz],
                     dtype=(tl.float32,) * 6, is_pure=True, pack=4)
             else:
                 row0 = (uc * UNIT + ci) * R
@@ -309,11 +332,11 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                                              nmask1, BITS, R, MAGIC)
                     e0, e1, ex = e0 + d0, e1 + d1, ex + dx
         grp = (uc * UNIT * CK) // GS
-        acc0 += _group_term(S, Z, OFF, grp, NP, ccol, nmask0, c0, cx, ZC, MAGIC, HAS_Z, HAS_OFF)
-        acc1 += _group_term(S, Z, OFF, grp, NP, ccol + 2, nmask1, c1, cx, ZC, MAGIC, HAS_Z, HAS_OFF)
+        acc0 += _group_term(S, Z, OFF, grp, NP, ccol, nmask0, c0, cx, ZC, MAGIC, HAS_Z, HAS_OFF, SUB_E)
+        acc1 += _group_term(S, Z, OFF, grp, NP, ccol + 2, nmask1, c1, cx, ZC, MAGIC, HAS_Z, HAS_OFF, SUB_E)
         if NB == 2:
-            acc2 += _group_term(S, Z, OFF, grp, NP, ccol, nmask0, e0, ex, ZC, MAGIC, HAS_Z, HAS_OFF)
-            acc3 += _group_term(S, Z, OFF, grp, NP, ccol + 2, nmask1, e1, ex, ZC, MAGIC, HAS_Z, HAS_OFF)
+            acc2 += _group_term(S, Z, OFF, grp, NP, ccol, nmask0, e0, ex, ZC, MAGIC, HAS_Z, HAS_OFF, SUB_E)
+            acc3 += _group_term(S, Z, OFF, grp, NP, ccol + 2, nmask1, e1, ex, ZC, MAGIC, HAS_Z, HAS_OFF, SUB_E)
     out = _frag_to_tile(_warp_sum(acc0, WK, BLOCK_N), _warp_sum(acc1, WK, BLOCK_N), WN)
     if NB == 2:
         out = stack2(out, _frag_to_tile(_warp_sum(acc2, WK, BLOCK_N), _warp_sum(acc3, WK, BLOCK_N), WN))
@@ -350,8 +373,9 @@ def units(p: Packed, block_k: int) -> int:
 
 
 def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, lock: torch.Tensor | None,
-           y: torch.Tensor, use_asm: bool) -> torch.Tensor:
-    """Launch ``qmv_tc_kernel``: x in sorted order with an even row length (one gather or pad when not)."""
+           y: torch.Tensor, use_asm: bool, subz: bool = False) -> torch.Tensor:
+    """Launch ``qmv_tc_kernel``: x in sorted order with an even row length (one gather or pad when not).
+    ``subz``: the asm subtracts ``m + z`` per pair (an FMA per two codes) instead of a third MMA for Cx."""
     from .qmm import gather_cols
 
     m = x2.shape[0]
@@ -376,13 +400,13 @@ def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, 
     split = max(1, min(cfg.split_k, nch // unit)) if lock is not None and tiles_n * tiles_m <= lock.numel() else 1
     part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
     nf = (32 // p.bits) * p.rows_per_block // 8
+    asm = mma_asm(p.bits, nf, x2.dtype == torch.bfloat16, nb, subz, not subz or p.offsets is not None)
     qmv_tc_kernel[(tiles_n, split, tiles_m)](
         x2, p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales, p.offset_arg(),
         bias if bias is not None else y, y, part, lock if lock is not None else p.qweight,
         m, p.n, kx, p.np, nch, split, x2.stride(0), y.stride(0),
         GS=p.group, BITS=p.bits, R=p.rows_per_block, ZC=p.zero_const, HAS_Z=p.zeros is not None,
         HAS_OFF=p.offsets is not None, HAS_BIAS=bias is not None, WN=wn, WK=warps // wn, UNIT=unit, NB=nb,
-        SPLIT=split > 1, EVEN_K=kx == p.kp, EVEN_N=p.np % (32 * wn) == 0, PREFETCH=cfg.prefetch, USE_ASM=use_asm,
-        ASM=mma_asm(p.bits, nf, x2.dtype == torch.bfloat16, nb), CONSTRAINTS=MMA_CONSTRAINTS, num_warps=warps,
-        num_stages=1)
+        SPLIT=split > 1, EVEN_K=kx == p.kp, EVEN_N=p.np % (32 * wn) == 0, PREFETCH=cfg.prefetch, SUBZ=subz,
+        USE_ASM=use_asm, ASM=asm, CONSTRAINTS=MMA_CONSTRAINTS, num_warps=warps, num_stages=1)
     return y
