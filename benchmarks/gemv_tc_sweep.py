@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gemv_sweep import setup
-from gpu_linear import DEV, config, copies, timed
+from gpu_linear import DEV, config, copies, gptq_qweight, timed
+from gpu_peers import PEERS
 from qlinear.kernels.triton import configs
 from qlinear.kernels.triton.configs import Config
 from qlinear.kernels.triton.dequant import dense_t
@@ -81,7 +82,7 @@ def checks(gen: torch.Generator) -> int:
                                             (4, -1, 1000, 96, False, False), (2, 128, 1024, 264, False, False),
                                             (2, 32, 512, 40, True, True), (2, -1, 2048, 128, True, False),
                                             (4, 128, 4096, 14336, False, False)):
-            for m in (1, 6, 13):
+            for m in (1, 13):
                 for cfg in (Config("gemv_tc", 8, 128, 128, 1, 4, 1),
                             Config("gemv_tc", 16, 32, 64, 5, 2, 1, prefetch=True),
                             Config("gemv_tc", 16, 64, 256, 16, 8, 1, prefetch=True)):
@@ -103,7 +104,7 @@ def checks(gen: torch.Generator) -> int:
 def candidates(p) -> list[Config]:
     ck = p.rows_per_block * (32 // p.bits)
     out = []
-    for wn, wk in ((2, 1), (4, 1), (1, 4), (1, 8), (2, 2), (2, 4), (4, 2)):
+    for wn, wk in ((2, 1), (4, 1), (1, 4), (2, 2), (2, 4)):
         ctas = -(-p.n // (32 * wn))
         for unit in (2, 4):
             for split in (1, 2, 4, 8, 16, 32):
@@ -121,8 +122,34 @@ def fmt(c: Config, p) -> str:
         (" subz" if c.max_registers < 0 else "")
 
 
-def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Generator) -> dict:
+def peer_fns(p, r: int) -> dict:
+    """Marlin, Machete and tinygemm on the same 4-bit g128 sym weight (r copies each), where they load."""
+    out = {}
+    qw = gptq_qweight(p)
+    for name in ("marlin", "machete", "tinygemm"):
+        try:
+            out[name] = [PEERS[name](qw.clone(), p.scales[:, :p.n].clone()) for _ in range(r)]
+        except Exception as err:  # the op library was not carried, or the op refused the shape
+            print(f"<!-- {name} unavailable: {type(err).__name__}: {str(err)[:200]} -->")
+    return out
+
+
+def best_peer(peers: dict, x: torch.Tensor, reps: int) -> str:
+    t = {}
+    for name, fns in peers.items():
+        try:
+            t[name] = timed(fns, x, reps)
+        except Exception as err:
+            print(f"<!-- {name} failed at M={x.shape[0]}: {type(err).__name__}: {str(err)[:200]} -->")
+    if not t:
+        return "-"
+    name = min(t, key=t.get)
+    return f"{t[name]:.1f} {name}"
+
+
+def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Generator, with_peers: bool) -> dict:
     p, ps, lock, x, ref = setup(k, n, bits, 1, gen)
+    peers = peer_fns(p, len(ps)) if with_peers and bits == 4 else {}
     w16 = torch.randn(n, k, device=DEV, dtype=torch.bfloat16, generator=gen)
     r16 = copies(w16.numel() * 2)
     ws = [w16] + [w16.clone() for _ in range(r16 - 1)]
@@ -145,8 +172,8 @@ def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Genera
     rows.sort(key=lambda r: r[0])
     best_us, best = rows[0]
     top = ", ".join(f"{us:.1f} {fmt(c, p)}" for us, c in rows[:6])
-    print(f"| {k}x{n} | {bits} | 1 | {bf16:.1f} | {gemv:.1f} | {best_us:.1f} | {bf16 / best_us:.2f}x | "
-          f"{gemv / best_us:.2f}x | {top} |", flush=True)
+    print(f"| {k}x{n} | {bits} | 1 | {bf16:.1f} | {best_peer(peers, x, reps)} | {gemv:.1f} | {best_us:.1f} | "
+          f"{bf16 / best_us:.2f}x | {gemv / best_us:.2f}x | {top} |", flush=True)
     found = {configs.table_key("gemv_tc", 1, n, k, bits, p.group):
              {**{f: v for f, v in best.as_dict().items() if f != "variant"}, "us": round(best_us, 2)}}
     for m in ms:
@@ -167,8 +194,8 @@ def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Genera
         t_tc, c_tc = min(tries, key=lambda r: r[0])
         cfg_m = config(p, m)
         t_ship = timed([lambda x, q=q, c=cfg_m: qmm(x, q, c, None, lock) for q in ps], xm, reps)
-        print(f"| {k}x{n} | {bits} | {m} | - | {t_ship:.1f} ({cfg_m.variant}) | {t_tc:.1f} | - | "
-              f"{t_ship / t_tc:.2f}x | {fmt(c_tc, p)} |", flush=True)
+        print(f"| {k}x{n} | {bits} | {m} | - | {best_peer(peers, xm, reps)} | {t_ship:.1f} ({cfg_m.variant}) | "
+              f"{t_tc:.1f} | - | {t_ship / t_tc:.2f}x | {fmt(c_tc, p)} |", flush=True)
         found[configs.table_key("gemv_tc", m, n, k, bits, p.group)] = {
             **{f: v for f, v in c_tc.as_dict().items() if f != "variant"}, "us": round(t_tc, 2)}
     return found
@@ -202,8 +229,9 @@ def affine(k: int, n: int, reps: int, gen: torch.Generator) -> None:
             rows.append((timed([lambda x, q=q, c=c: tc(x, q, c, lock) for q in ps], x, reps), c))
     rows.sort(key=lambda r: r[0])
     top = ", ".join(f"{us:.1f} {fmt(c, p)}" for us, c in rows[:5])
-    print(f"| affine32 {k}x{n} ({nbytes / 1e6:.1f} MB) | 4 | 1 | {bf16:.1f} | {t_ship:.1f} (gemv) | {rows[0][0]:.1f} | "
-          f"{bf16 / rows[0][0]:.2f}x | {t_ship / rows[0][0]:.2f}x | {top} |", flush=True)
+    best = rows[0][0]
+    print(f"| affine32 {k}x{n} ({nbytes / 1e6:.1f} MB) | 4 | 1 | {bf16:.1f} | - | {t_ship:.1f} (gemv) | {best:.1f} | "
+          f"{bf16 / best:.2f}x | {t_ship / best:.2f}x | {top} |", flush=True)
 
 
 def main() -> int:
@@ -213,6 +241,9 @@ def main() -> int:
     ap.add_argument("--m", default="1,4,8,16")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--peers", action="store_true", help="time Marlin / Machete / tinygemm beside (4-bit)")
+    ap.add_argument("--ms2", default="1", help="M values for the 2-bit shapes")
+    ap.add_argument("--shapes2", default="", help="shapes for 2-bit (default: --shapes)")
     ap.add_argument("--affine", default="", help="shapes for GGUF's affine runtime (float32 scale + offset per 32)")
     ap.add_argument("--once", help="wn,wk,unit,split,prefetch: three calls of one config on the first shape (ncu)")
     a = ap.parse_args()
@@ -229,16 +260,25 @@ def main() -> int:
         return 0
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     bad = 0 if a.no_check else checks(gen)
-    print("\n| K x N | bits | M | bf16 us | shipped us | gemv_tc us | bf16 / tc | shipped / tc | best configs |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| K x N | bits | M | bf16 us | best peer us | shipped us | gemv_tc us | bf16 / tc | shipped / tc | "
+          "best configs |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     found = {}
     for bits in (int(b) for b in a.bits.split(",")):
-        for s in a.shapes.split(","):
+        shapes = a.shapes2 if bits == 2 and a.shapes2 else a.shapes
+        ms = a.ms2 if bits == 2 else a.m
+        for s in shapes.split(","):
             k, n = (int(v) for v in s.split("x"))
-            found.update(sweep(k, n, bits, [int(v) for v in a.m.split(",")], a.reps, gen))
+            try:
+                found.update(sweep(k, n, bits, [int(v) for v in ms.split(",")], a.reps, gen, a.peers))
+            except Exception as err:  # keep the rest of a scarce device run
+                print(f"<!-- {k}x{n} {bits}-bit failed: {type(err).__name__}: {str(err)[:300]} -->", flush=True)
     for shape in filter(None, a.affine.split(",")):
         k, n = (int(v) for v in shape.split("x"))
-        affine(k, n, a.reps, gen)
+        try:
+            affine(k, n, a.reps, gen)
+        except Exception as err:
+            print(f"<!-- affine {k}x{n} failed: {type(err).__name__}: {str(err)[:300]} -->", flush=True)
     print(json.dumps(found, indent=1))
     return 1 if bad else 0
 
