@@ -150,6 +150,9 @@ def best_peer(peers: dict, x: torch.Tensor, reps: int) -> str:
 def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Generator, with_peers: bool) -> dict:
     p, ps, lock, x, ref = setup(k, n, bits, 1, gen)
     peers = peer_fns(p, len(ps)) if with_peers and bits == 4 else {}
+    for name, fns in peers.items():  # every contender multiplies the same weight
+        err = float((fns[0](x).float() - ref).norm() / ref.norm())
+        print(f"<!-- {k}x{n} {name} vs reference: rel err {err:.1e}{' MISMATCH' if err > 2e-2 else ''} -->")
     w16 = torch.randn(n, k, device=DEV, dtype=torch.bfloat16, generator=gen)
     r16 = copies(w16.numel() * 2)
     ws = [w16] + [w16.clone() for _ in range(r16 - 1)]
