@@ -119,11 +119,14 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         nkb = -(-k // bk)
         split = min(32, _split(-(-n // (128 * warps)), nkb, sms, 12, 2))
         return Config("gemv", min(4, m_bucket(m)), 128 * warps, bk, split, warps, 2)
-    if variant == "gemv_tc":  # placeholder until measured: 2 strips of 32 columns x 2 K warps, 4 chunks a step
+    if variant == "gemv_tc":  # 4 warps side by side (128 columns), 4 field blocks a step, ~28 warps per SM
+        # (the H200 sweep's winners: results/h200-gemv_tc-2026-12-02-second.md); at most 32 splits
         ck = 8 * pf
-        tiles = -(-n // 64)
-        split = min(32, _split(tiles, max(1, k // (4 * ck * 2)), sms, 8, 1))
-        return Config("gemv_tc", 16 if m > 8 else 8, 64, 4 * ck, split, 4, 1, prefetch=True)
+        tiles = -(-n // 128)
+        units = max(1, k // (4 * ck))
+        want = max(1, -(-sms * 28 // (tiles * 4)))
+        split = min(32, units, 1 << (want.bit_length() - 1))
+        return Config("gemv_tc", 16 if m > 8 else 8, 128, 4 * ck, split, 4, 1)
     if variant == "skinny":  # 64 columns x 4 warps: the dequantized tile feeds mma straight from registers
         bn = 64 if n >= 64 else 32
         nkb = -(-k // 128)
