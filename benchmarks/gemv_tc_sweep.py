@@ -115,11 +115,20 @@ def candidates(p) -> list[Config]:
     return out
 
 
-def fmt(c: Config, p) -> str:
+def fmt(c: Config, p, subz: bool = False) -> str:
     unit = c.block_k * p.bits // 32 // p.rows_per_block
     shape = f"n{c.block_n // 32}k{c.num_warps * 32 // c.block_n} u{unit} s{c.split_k}"
-    return shape + (" pf" if c.prefetch else "") + (" 16r" if c.block_m > 8 else "") + \
-        (" subz" if c.max_registers < 0 else "")
+    return shape + (" pf" if c.prefetch else "") + (" 16r" if c.block_m > 8 else "") + (" subz" if subz else "")
+
+
+def checked_time(x: torch.Tensor, ref: torch.Tensor, ps: list, c: Config, lock: torch.Tensor, reps: int,
+                 subz: bool = False) -> float | None:
+    """Microseconds of one config over the weight copies, or None (and a note) if its output is wrong."""
+    err = float((tc(x, ps[0], c, lock, subz=subz).float() - ref).norm() / ref.norm())
+    if not err < 1e-2:
+        print(f"WRONG M={x.shape[0]} {c} subz={subz}: {err:.2e}")
+        return None
+    return timed([lambda x, q=q: tc(x, q, c, lock, subz=subz) for q in ps], x, reps)
 
 
 def peer_fns(p, r: int) -> dict:
@@ -160,21 +169,19 @@ def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Genera
     del ws, w16
     gemv_cfg = config(p, 1, "gemv")
     gemv = timed([lambda x, q=q: qmm(x, q, gemv_cfg, None, lock) for q in ps], x, reps)
-    rows = []
+    rows = []  # (us, config, zero subtracted in the asm)
     for c in candidates(p):
-        err = float((tc(x, p, c, lock).float() - ref).norm() / ref.norm())
-        if not err < 1e-2:
-            print(f"WRONG {c}: {err:.2e}")
-            continue
-        rows.append((timed([lambda x, q=q, c=c: tc(x, q, c, lock) for q in ps], x, reps), c))
+        us = checked_time(x, ref, ps, c, lock, reps)
+        if us is not None:
+            rows.append((us, c, False))
     rows.sort(key=lambda r: r[0])
-    for _, c in rows[:6]:  # the best six again with the zero subtracted in the asm (no Cx MMA)
-        if float((tc(x, p, c, lock, subz=True).float() - ref).norm() / ref.norm()) < 1e-2:
-            us = timed([lambda x, q=q, c=c: tc(x, q, c, lock, subz=True) for q in ps], x, reps)
-            rows.append((us, replace(c, max_registers=-1)))  # max_registers=-1 marks subz in this script
+    for _, c, _ in rows[:6]:  # the best six again with the zero subtracted in the asm (no Cx MMA)
+        us = checked_time(x, ref, ps, c, lock, reps, subz=True)
+        if us is not None:
+            rows.append((us, c, True))
     rows.sort(key=lambda r: r[0])
-    best_us, best = rows[0]
-    top = ", ".join(f"{us:.1f} {fmt(c, p)}" for us, c in rows[:6])
+    best_us, best, _ = rows[0]
+    top = ", ".join(f"{us:.1f} {fmt(c, p, sz)}" for us, c, sz in rows[:6])
     print(f"| {k}x{n} | {bits} | 1 | {bf16:.1f} | {best_peer(peers, x, reps)} | {gemv:.1f} | {best_us:.1f} | "
           f"{bf16 / best_us:.2f}x | {gemv / best_us:.2f}x | {top} |", flush=True)
     found = {configs.table_key("gemv_tc", 1, n, k, bits, p.group):
@@ -185,20 +192,16 @@ def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Genera
         xm = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
         refm = (xm.float() @ dense_t(p, torch.float32)).float()
         tries = []
-        for _, c in rows[:4]:
+        for _, c, sz in rows[:4]:
             for bm in (8, 16) if m > 8 else (8,):
-                c = replace(c, block_m=bm)
-                sz = c.max_registers < 0
-                if float((tc(xm, p, c, lock, subz=sz).float() - refm).norm() / refm.norm()) < 1e-2:
-                    fns = [lambda x, q=q, c=c, z=sz: tc(x, q, c, lock, subz=z) for q in ps]
-                    tries.append((timed(fns, xm, reps), c))
-                else:
-                    print(f"WRONG M={m} {c}")
-        t_tc, c_tc = min(tries, key=lambda r: r[0])
+                us = checked_time(xm, refm, ps, replace(c, block_m=bm), lock, reps, sz)
+                if us is not None:
+                    tries.append((us, replace(c, block_m=bm), sz))
+        t_tc, c_tc, sz_tc = min(tries, key=lambda r: r[0])
         cfg_m = config(p, m)
         t_ship = timed([lambda x, q=q, c=cfg_m: qmm(x, q, c, None, lock) for q in ps], xm, reps)
         print(f"| {k}x{n} | {bits} | {m} | - | {best_peer(peers, xm, reps)} | {t_ship:.1f} ({cfg_m.variant}) | "
-              f"{t_tc:.1f} | - | {t_ship / t_tc:.2f}x | {fmt(c_tc, p)} |", flush=True)
+              f"{t_tc:.1f} | - | {t_ship / t_tc:.2f}x | {fmt(c_tc, p, sz_tc)} |", flush=True)
         found[configs.table_key("gemv_tc", m, n, k, bits, p.group)] = {
             **{f: v for f, v in c_tc.as_dict().items() if f != "variant"}, "us": round(t_tc, 2)}
     return found
@@ -228,8 +231,9 @@ def affine(k: int, n: int, reps: int, gen: torch.Generator) -> None:
     t_ship = timed([lambda x, q=q: qmm(x, q, ship, None, lock) for q in ps], x, reps)
     rows = []
     for c in candidates(p):
-        if float((tc(x, p, c, lock).float() - ref).norm() / ref.norm()) < 1e-2:
-            rows.append((timed([lambda x, q=q, c=c: tc(x, q, c, lock) for q in ps], x, reps), c))
+        us = checked_time(x, ref, ps, c, lock, reps)
+        if us is not None:
+            rows.append((us, c))
     rows.sort(key=lambda r: r[0])
     top = ", ".join(f"{us:.1f} {fmt(c, p)}" for us, c in rows[:5])
     best = rows[0][0]

@@ -4,7 +4,7 @@ The interpreter cannot run inline PTX, so the CI twin checks gemv_tc's tiling bu
 executes the asm text itself: ``prmt``/``lop3``/``shr``/``mov`` per lane and ``mma.sync.m16n8k16`` from the
 fragment tables of the PTX ISA (A: lane (g, t) holds rows g, g+8 at K 2t, 2t+1, 2t+8, 2t+9; B: column g
 at the same K; C: rows g, g+8, columns 2t, 2t+1), on the registers each lane loads per the kernel's
-addressing (``qmv_tc.py``), and compares C with sums over the codes computed directly from a
+addressing (``qmv_tc.py``, ``qmv_tc_asm.py``), and compares C with sums over the codes computed directly from a
 ``layout.build`` weight. The fragment order on real hardware is checked on the H200 (gemv_tc_sweep.py).
 """
 
@@ -16,10 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("triton")
-
 from qlinear.kernels.triton.layout import build
-from qlinear.kernels.triton.qmv_tc import mma_asm
+from qlinear.kernels.triton.qmv_tc_asm import mma_asm
 
 
 def halves(v: int, bf16: bool) -> tuple[float, float]:

@@ -46,10 +46,9 @@ def device_facts(index: int) -> tuple[str, int]:
 
 def tc_unfit(p: Any, m: int, dtype: torch.dtype, device: torch.device) -> list[str]:
     """Why the tensor-core GEMV (``gemv_tc``) cannot take this call, which M alone would give it."""
-    from .triton.qmv_tc import tc_reasons
+    from .triton.qmv_tc import capability, tc_reasons
 
-    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    return tc_reasons(p, m, dtype, cap)
+    return tc_reasons(p, m, dtype, capability(device))
 
 
 def triton_version_reasons(target: Target) -> list[str]:

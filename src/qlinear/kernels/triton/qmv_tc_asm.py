@@ -1,0 +1,55 @@
+"""PTX text of ``gemv_tc``'s inner step (``qmv_tc.py``): per lane, code pairs made from two word rows and
+``mma.sync.m16n8k16`` on them. Built once per (bits, fields, dtype, row sets, options) and cached: the
+launcher asks for it on every call."""
+
+from __future__ import annotations
+
+import functools
+
+
+@functools.cache
+def mma_asm(bits: int, nf: int, bf16: bool, nb: int, sub: bool = False, cx: bool = True) -> str:
+    """PTX of one chunk for one lane, for ``nb`` (1 or 2) sets of 8 activation rows sharing the weights.
+
+    Operands (fixed, so one call site serves every case): outputs ``$12b + 0..3`` C of tile 0 of set ``b``,
+    ``+4..7`` tile 1, ``+8..11`` Cx; inputs ``$24..$27`` / ``$28..$31`` the words of the lane's two word
+    rows (4 columns), ``$32 + 16b + f`` the x pair of local field ``f`` for set ``b``, ``$64 + 12b + ...`` C
+    in, ``$88..$91`` per column the pair ``-(m + z)``. ``nf`` fields per word are used, two per K16 step:
+    ``nf / 2`` steps of two MMAs per set, plus one with A = 1 for Cx when ``cx``. With ``sub`` each pair
+    becomes ``q - z`` (one exact FMA) so C needs no ``(m + z) Cx`` correction.
+    """
+    magic = "0x43004300" if bf16 else "0x64006400"
+    one = "0x3F803F80" if bf16 else "0x3C003C00"
+    ty = "bf16" if bf16 else "f16"
+    mask = "0x000F000F" if bits == 4 else "0x00030003"
+    per_byte = 8 // bits
+    lines = ["{", ".reg .b32 t, u, one;", f".reg .b32 p<{4 * nf}>;", f"mov.b32 one, {one};"]
+    for c in range(4):
+        for x in range(nf // per_byte):
+            sel = x | x << 4 | (4 + x) << 8 | (4 + x) << 12
+            lines.append(f"prmt.b32 t, ${24 + c}, ${28 + c}, {sel:#06x};")
+            for i in range(per_byte):
+                src = "t"
+                if i:
+                    lines.append(f"shr.u32 u, t, {bits * i};")
+                    src = "u"
+                reg = f"p{c * nf + per_byte * x + i}"
+                lines.append(f"lop3.b32 {reg}, {src}, {mask}, {magic}, 0xEA;")
+                if sub:
+                    lines.append(f"fma.rn.{ty}x2 {reg}, {reg}, one, ${88 + c};")
+    mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32"
+    for s in range(nf // 2):
+        fa, fb = 2 * s, 2 * s + 1
+        for bset in range(nb):
+            b = f"{{${32 + 16 * bset + fa}, ${32 + 16 * bset + fb}}}"
+            tiles = [(0, f"p{fa}, p{nf + fa}, p{fb}, p{nf + fb}"),
+                     (4, f"p{2 * nf + fa}, p{3 * nf + fa}, p{2 * nf + fb}, p{3 * nf + fb}")]
+            for acc, a in tiles + ([(8, "one, one, one, one")] if cx else []):
+                out = 12 * bset + acc
+                d = ", ".join(f"${out + i}" for i in range(4))
+                src = ", ".join(f"${(64 + out if s == 0 else out) + i}" for i in range(4))
+                lines.append(f"{mma} {{{d}}}, {{{a}}}, {b}, {{{src}}};")
+    return "\n".join([*lines, "}"])
+
+#: operand constraints of ``mma_asm`` (the same for every case)
+MMA_CONSTRAINTS = ",".join(["=f"] * 24 + ["r"] * 40 + ["f"] * 24 + ["r"] * 4)
