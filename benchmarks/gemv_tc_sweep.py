@@ -34,14 +34,13 @@ from qlinear.kernels.triton.qmm import lock_slots, qmm
 from qlinear.kernels.triton.qmv_tc import qmv_tc
 
 
-def tc(x: torch.Tensor, p, cfg: Config, lock: torch.Tensor, bias: torch.Tensor | None = None,
-       subz: bool = False) -> torch.Tensor:
+def tc(x: torch.Tensor, p, cfg: Config, lock: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     y = torch.empty((x.shape[0], p.n), dtype=x.dtype, device=x.device)
-    return qmv_tc(x, p, cfg, bias, lock, y, use_asm=True, subz=subz)
+    return qmv_tc(x, p, cfg, bias, lock, y, use_asm=True)
 
 
 def check_case(bits: int, group: int, k: int, n: int, m: int, sym: bool, act: bool, dtype: torch.dtype,
-               cfg: Config, gen: torch.Generator, offsets: bool = False, subz: bool = False) -> float:
+               cfg: Config, gen: torch.Generator, offsets: bool = False) -> float:
     """Relative error of one call against a float64 reference built from the codes directly."""
     gs = group if group > 0 else k
     ng = -(-k // gs)
@@ -68,7 +67,7 @@ def check_case(bits: int, group: int, k: int, n: int, m: int, sym: bool, act: bo
     bias = torch.randn(n, device=DEV, generator=gen).to(dtype)
     ref = x.double() @ w.T + bias.double()
     lock = torch.zeros(lock_slots(n), dtype=torch.int32, device=DEV)
-    y = tc(x, p, cfg, lock, bias, subz)
+    y = tc(x, p, cfg, lock, bias)
     assert int(lock.abs().sum()) == 0, "split-K counters left non-zero"
     return float((y.double() - ref).norm() / ref.norm())
 
@@ -91,11 +90,11 @@ def checks(gen: torch.Generator) -> int:
         cases.append((4, 32, 4096, 4096, 5, True, False, dtype, Config("gemv_tc", 8, 128, 128, 8, 4, 1), True))
     worst = 0.0
     for i, c in enumerate(cases):
-        err = check_case(*c[:9], gen, offsets=c[9], subz=i % 2 == 1)
+        err = check_case(*c[:8], replace(c[8], sub_zero=i % 2 == 1), gen, offsets=c[9])
         worst = max(worst, err)
         if not err < 1e-2:
             bad += 1
-            print(f"WRONG {c} subz={i % 2 == 1}: {err:.2e}")
+            print(f"WRONG {c} sub_zero={i % 2 == 1}: {err:.2e}")
     print(f"checks: {len(cases)} layers (every other one with the zero subtracted in the asm), {bad} failed, "
           f"worst relative error {worst:.2e}", flush=True)
     return bad
@@ -104,31 +103,31 @@ def checks(gen: torch.Generator) -> int:
 def candidates(p) -> list[Config]:
     ck = p.rows_per_block * (32 // p.bits)
     out = []
-    for wn, wk in ((2, 1), (4, 1), (1, 4), (2, 2), (2, 4)):
+    for wn, wk in ((2, 1), (4, 1), (1, 4), (1, 8), (2, 2), (2, 4)):
         ctas = -(-p.n // (32 * wn))
         for unit in (2, 4):
             for split in (1, 2, 4, 8, 16, 32):
-                if split * unit * wk > p.kp // ck or ctas * split > 32 * 132 or ctas * split * wn * wk < 132 * 4:
+                if split * unit * wk > p.kp // ck or ctas * split > 32 * 132 or ctas * split * wn * wk < 132 * 3:
                     continue
                 for pre in (False, True):
                     out.append(Config("gemv_tc", 8, 32 * wn, unit * ck, split, wn * wk, 1, prefetch=pre))
     return out
 
 
-def fmt(c: Config, p, subz: bool = False) -> str:
+def fmt(c: Config, p) -> str:
     unit = c.block_k * p.bits // 32 // p.rows_per_block
     shape = f"n{c.block_n // 32}k{c.num_warps * 32 // c.block_n} u{unit} s{c.split_k}"
-    return shape + (" pf" if c.prefetch else "") + (" 16r" if c.block_m > 8 else "") + (" subz" if subz else "")
+    return shape + (" pf" if c.prefetch else "") + (" 16r" if c.block_m > 8 else "") + (" subz" if c.sub_zero else "")
 
 
-def checked_time(x: torch.Tensor, ref: torch.Tensor, ps: list, c: Config, lock: torch.Tensor, reps: int,
-                 subz: bool = False) -> float | None:
+def checked_time(x: torch.Tensor, ref: torch.Tensor, ps: list, c: Config, lock: torch.Tensor, reps: int
+                 ) -> float | None:
     """Microseconds of one config over the weight copies, or None (and a note) if its output is wrong."""
-    err = float((tc(x, ps[0], c, lock, subz=subz).float() - ref).norm() / ref.norm())
+    err = float((tc(x, ps[0], c, lock).float() - ref).norm() / ref.norm())
     if not err < 1e-2:
-        print(f"WRONG M={x.shape[0]} {c} subz={subz}: {err:.2e}")
+        print(f"WRONG M={x.shape[0]} {c}: {err:.2e}")
         return None
-    return timed([lambda x, q=q: tc(x, q, c, lock, subz=subz) for q in ps], x, reps)
+    return timed([lambda x, q=q: tc(x, q, c, lock) for q in ps], x, reps)
 
 
 def peer_fns(p, r: int) -> dict:
@@ -169,19 +168,19 @@ def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Genera
     del ws, w16
     gemv_cfg = config(p, 1, "gemv")
     gemv = timed([lambda x, q=q: qmm(x, q, gemv_cfg, None, lock) for q in ps], x, reps)
-    rows = []  # (us, config, zero subtracted in the asm)
+    rows = []  # (us, config)
     for c in candidates(p):
         us = checked_time(x, ref, ps, c, lock, reps)
         if us is not None:
-            rows.append((us, c, False))
+            rows.append((us, c))
     rows.sort(key=lambda r: r[0])
-    for _, c, _ in rows[:6]:  # the best six again with the zero subtracted in the asm (no Cx MMA)
-        us = checked_time(x, ref, ps, c, lock, reps, subz=True)
+    for _, c in rows[:6]:  # the best six again with the zero subtracted in the asm (no Cx MMA)
+        us = checked_time(x, ref, ps, replace(c, sub_zero=True), lock, reps)
         if us is not None:
-            rows.append((us, c, True))
+            rows.append((us, replace(c, sub_zero=True)))
     rows.sort(key=lambda r: r[0])
-    best_us, best, _ = rows[0]
-    top = ", ".join(f"{us:.1f} {fmt(c, p, sz)}" for us, c, sz in rows[:6])
+    best_us, best = rows[0]
+    top = ", ".join(f"{us:.1f} {fmt(c, p)}" for us, c in rows[:6])
     print(f"| {k}x{n} | {bits} | 1 | {bf16:.1f} | {best_peer(peers, x, reps)} | {gemv:.1f} | {best_us:.1f} | "
           f"{bf16 / best_us:.2f}x | {gemv / best_us:.2f}x | {top} |", flush=True)
     found = {configs.table_key("gemv_tc", 1, n, k, bits, p.group):
@@ -192,16 +191,16 @@ def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Genera
         xm = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
         refm = (xm.float() @ dense_t(p, torch.float32)).float()
         tries = []
-        for _, c, sz in rows[:4]:
+        for _, c in rows[:4]:  # 16 rows: one program with two row sets, or row sets in programs side by side
             for bm in (8, 16) if m > 8 else (8,):
-                us = checked_time(xm, refm, ps, replace(c, block_m=bm), lock, reps, sz)
+                us = checked_time(xm, refm, ps, replace(c, block_m=bm), lock, reps)
                 if us is not None:
-                    tries.append((us, replace(c, block_m=bm), sz))
-        t_tc, c_tc, sz_tc = min(tries, key=lambda r: r[0])
+                    tries.append((us, replace(c, block_m=bm)))
+        t_tc, c_tc = min(tries, key=lambda r: r[0])
         cfg_m = config(p, m)
         t_ship = timed([lambda x, q=q, c=cfg_m: qmm(x, q, c, None, lock) for q in ps], xm, reps)
         print(f"| {k}x{n} | {bits} | {m} | - | {best_peer(peers, xm, reps)} | {t_ship:.1f} ({cfg_m.variant}) | "
-              f"{t_tc:.1f} | - | {t_ship / t_tc:.2f}x | {fmt(c_tc, p, sz_tc)} |", flush=True)
+              f"{t_tc:.1f} | - | {t_ship / t_tc:.2f}x | {fmt(c_tc, p)} |", flush=True)
         found[configs.table_key("gemv_tc", m, n, k, bits, p.group)] = {
             **{f: v for f, v in c_tc.as_dict().items() if f != "variant"}, "us": round(t_tc, 2)}
     return found
@@ -252,15 +251,16 @@ def main() -> int:
     ap.add_argument("--ms2", default="1", help="M values for the 2-bit shapes")
     ap.add_argument("--shapes2", default="", help="shapes for 2-bit (default: --shapes)")
     ap.add_argument("--affine", default="", help="shapes for GGUF's affine runtime (float32 scale + offset per 32)")
-    ap.add_argument("--once", help="wn,wk,unit,split,prefetch: three calls of one config on the first shape (ncu)")
+    ap.add_argument("--once", help="wn,wk,unit,split,prefetch,sub_zero,block_m: three calls of one config "
+                    "on the first shape (ncu)")
     a = ap.parse_args()
     gen = torch.Generator(device=DEV).manual_seed(7)
     if a.once:
         k, n = (int(v) for v in a.shapes.split(",")[0].split("x"))
         p, _, lock, x, _ = setup(k, n, int(a.bits.split(",")[0]), int(a.m.split(",")[0]), gen)
-        wn, wk, unit, split, pre = (int(v) for v in a.once.split(","))
-        c = Config("gemv_tc", 16, 32 * wn, unit * p.rows_per_block * 32 // p.bits, split, wn * wk, 1,
-                   prefetch=bool(pre))
+        wn, wk, unit, split, pre, subz, bm = (int(v) for v in a.once.split(","))
+        c = Config("gemv_tc", bm, 32 * wn, unit * p.rows_per_block * 32 // p.bits, split, wn * wk, 1,
+                   prefetch=bool(pre), sub_zero=bool(subz))
         for _ in range(3):
             tc(x, p, c, lock)
         torch.cuda.synchronize()

@@ -182,7 +182,8 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                   WN: tl.constexpr, WK: tl.constexpr, UNIT: tl.constexpr, NB: tl.constexpr, SPLIT: tl.constexpr,
                   EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, SUBZ: tl.constexpr,
                   USE_ASM: tl.constexpr, ASM: tl.constexpr, CONSTRAINTS: tl.constexpr):
-    """Grid ``(N / (32 WN), SPLIT_K, M / (8 NB))``; ``WN x WK`` warps: ``WN`` strips of 32 columns, each
+    """Grid ``(M / (8 NB), N / (32 WN), SPLIT_K)``: the row sets of one weight tile run side by side, so
+    all but the first read its words from L2; ``WN x WK`` warps: ``WN`` strips of 32 columns, each
     walked by ``WK`` warps taking turns over the CTA's steps (their sums meet in shared memory at the end).
     x is in sorted order with ``KX`` (even) columns; ``NCH`` field blocks (chunks) of ``R`` word rows;
     ``UNIT`` chunks per step, all inside one group; ``NB`` sets of 8 rows share each dequantized chunk;
@@ -197,9 +198,9 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
     IS_BF16: tl.constexpr = X.dtype.element_ty == tl.bfloat16
     MAGIC: tl.constexpr = 128.0 if IS_BF16 else 1024.0
     SUB_E: tl.constexpr = SUBZ and USE_ASM  # C already holds sum (q - z) x (the twin always sums (m + q) x)
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
     lane = tl.arange(0, L)[:, None]
     c4 = tl.arange(0, 4)[None, :]
     g = (lane % 32) // 4
@@ -299,7 +300,7 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
         out = stack2(out, _frag_to_tile(_warp_sum(acc2, WK, BLOCK_N), _warp_sum(acc3, WK, BLOCK_N), WN))
     offs_m = pid_m * ROWS + tl.arange(0, ROWS)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    store_split(Y, BIAS, PART, LOCK, out, offs_m, offs_n, M, N, stride_ym, pid_m * tl.num_programs(0) + pid_n,
+    store_split(Y, BIAS, PART, LOCK, out, offs_m, offs_n, M, N, stride_ym, pid_m * tl.num_programs(1) + pid_n,
                 pid_k, SPLIT_K, HAS_BIAS, SPLIT, ROWS, BLOCK_N)
 
 
@@ -340,9 +341,9 @@ def units(p: Packed, block_k: int) -> int:
 
 
 def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, lock: torch.Tensor | None,
-           y: torch.Tensor, use_asm: bool, subz: bool = False) -> torch.Tensor:
+           y: torch.Tensor, use_asm: bool) -> torch.Tensor:
     """Launch ``qmv_tc_kernel``: x in sorted order with an even row length (one gather or pad when not).
-    ``subz``: the asm subtracts ``m + z`` per pair (an FMA per two codes) instead of a third MMA for Cx."""
+    ``cfg.sub_zero``: the asm subtracts ``m + z`` per pair (an FMA per two codes) instead of a third MMA."""
     from .qmm import gather_cols
 
     m = x2.shape[0]
@@ -366,8 +367,9 @@ def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, 
     split = max(1, min(cfg.split_k, nch // unit)) if lock is not None and tiles_n * tiles_m <= lock.numel() else 1
     part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
     nf = (32 // p.bits) * p.rows_per_block // 8
+    subz = cfg.sub_zero
     asm = mma_asm(p.bits, nf, x2.dtype == torch.bfloat16, nb, subz, not subz or p.offsets is not None)
-    qmv_tc_kernel[(tiles_n, split, tiles_m)](
+    qmv_tc_kernel[(tiles_m, tiles_n, split)](
         x2, p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales, p.offset_arg(),
         bias if bias is not None else y, y, part, lock if lock is not None else p.qweight,
         m, p.n, kx, p.np, nch, split, x2.stride(0), y.stride(0),
