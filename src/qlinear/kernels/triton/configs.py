@@ -53,6 +53,7 @@ class Config:
     prefetch: bool = False  # gemv: load the next K step's words before computing this one
     max_registers: int = 0  # > 0: cap registers per thread (ptxas .maxnreg) for more resident warps
     sub_zero: bool = False  # gemv_tc: one FMA per code pair makes q - z (no third MMA summing x)
+    stage_x: bool = False  # gemv_tc: x loaded coalesced and dealt to the lanes through shared memory
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -103,8 +103,9 @@ def _unit_words(W, u, UNIT: tl.constexpr, R: tl.constexpr, rp, NP, cols, nmask, 
 
 
 @triton.jit
-def _chunk_x(X32, xbase, koff, xmask, kbase, NF: tl.constexpr, R: tl.constexpr, KX, EVEN_K: tl.constexpr):
-    """The lane's ``NF`` x pairs of one chunk as four ``[L, 4]`` tensors (unused ones repeat the first)."""
+def _lane_x(X32, xbase, koff, xmask, kbase, NF: tl.constexpr, R: tl.constexpr, KX, EVEN_K: tl.constexpr):
+    """The lane's ``NF`` x pairs of one chunk as four ``[L, 4]`` tensors, each lane loading its own (4-byte
+    loads: 8 rows x 4 lanes touch 8 lines, so 8 L1 wavefronts per load at M = 8); unused ones repeat the first."""
     x0 = _x_pairs(X32, xbase, koff, xmask, kbase, 0, R, KX, EVEN_K)
     x1, x2, x3 = x0, x0, x0
     if NF >= 8:
@@ -116,13 +117,55 @@ def _chunk_x(X32, xbase, koff, xmask, kbase, NF: tl.constexpr, R: tl.constexpr, 
 
 
 @triton.jit
-def _unit_x(X32, xbase, koff, xmask, u, UNIT: tl.constexpr, CK: tl.constexpr, NF: tl.constexpr, R: tl.constexpr,
-            KX, EVEN_K: tl.constexpr):
+def _staged_x(X32, srow, M, stride32, ok, kbase, NF: tl.constexpr, R: tl.constexpr, WN: tl.constexpr, KX,
+              EVEN_K: tl.constexpr):
+    """The same four ``[L, 4]`` tensors from one coalesced ``[8, 4 NF]`` load of the chunk's x pairs (rows
+    ``srow ..``, 16 bytes a thread), dealt to the lanes by a layout conversion through shared memory.
+
+    Pair ``p`` of the chunk is ``(t // HR, f, t % HR)`` in mixed radix ``(4 / HR, NF, HR)`` (``_x_pairs``):
+    a reshape and a permute put lane ``4 g + t``'s ``NF`` pairs in its row; every warp along N gets a copy."""
+    HR: tl.constexpr = R // 2
+    P: tl.constexpr = 4 * NF
+    L: tl.constexpr = 32 * WN
+    rows = srow + tl.arange(0, 8)[:, None]
+    pp = tl.arange(0, P)[None, :]
+    mask = (rows < M) & ok
+    if not EVEN_K:
+        mask = mask & (kbase + 2 * pp < KX)
+    tile = tl.load(X32 + rows * stride32 + kbase // 2 + pp, mask=mask, other=0)
+    lanes = tl.reshape(tl.permute(tl.reshape(tile, (8, 4 // HR, NF, HR)), (0, 1, 3, 2)), (1, 32, NF))
+    lanes = tl.reshape(tl.broadcast_to(lanes, (WN, 32, NF)), (L, NF))
+    if NF == 4:
+        return lanes, lanes, lanes, lanes
+    if NF == 8:
+        x0, x1 = tl.split(tl.permute(tl.reshape(lanes, (L, 2, 4)), (0, 2, 1)))
+        return x0, x1, x0, x0
+    lo, hi = tl.split(tl.permute(tl.reshape(lanes, (L, 2, 2, 4)), (0, 3, 1, 2)))  # (i1, i0): field group 2 i1 + i0
+    x0, x2 = tl.split(lo)
+    x1, x3 = tl.split(hi)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _chunk_x(X32, xbase, koff, xmask, srow, M, stride32, ok, kbase, NF: tl.constexpr, R: tl.constexpr,
+             WN: tl.constexpr, KX, EVEN_K: tl.constexpr, STAGE: tl.constexpr):
+    """A chunk's x pairs per lane: staged through shared memory (``STAGE``: one warp along K only, ``ok`` the
+    step's liveness as a scalar) or loaded per lane (``xmask`` holds the liveness)."""
+    if STAGE:
+        return _staged_x(X32, srow, M, stride32, ok, kbase, NF, R, WN, KX, EVEN_K)
+    return _lane_x(X32, xbase, koff, xmask, kbase, NF, R, KX, EVEN_K)
+
+
+@triton.jit
+def _unit_x(X32, xbase, koff, xmask, srow, M, stride32, ok, u, UNIT: tl.constexpr, CK: tl.constexpr,
+            NF: tl.constexpr, R: tl.constexpr, WN: tl.constexpr, KX, EVEN_K: tl.constexpr, STAGE: tl.constexpr):
     """x pairs of the first two chunks of step ``u`` (the prefetched part; eight ``[L, 4]`` tensors)."""
-    a0, a1, a2, a3 = _chunk_x(X32, xbase, koff, xmask, u * UNIT * CK, NF, R, KX, EVEN_K)
+    a0, a1, a2, a3 = _chunk_x(X32, xbase, koff, xmask, srow, M, stride32, ok, u * UNIT * CK, NF, R, WN, KX, EVEN_K,
+                              STAGE)
     b0, b1, b2, b3 = a0, a1, a2, a3
     if UNIT >= 2:
-        b0, b1, b2, b3 = _chunk_x(X32, xbase, koff, xmask, (u * UNIT + 1) * CK, NF, R, KX, EVEN_K)
+        b0, b1, b2, b3 = _chunk_x(X32, xbase, koff, xmask, srow, M, stride32, ok, (u * UNIT + 1) * CK, NF, R, WN,
+                                  KX, EVEN_K, STAGE)
     return a0, a1, a2, a3, b0, b1, b2, b3
 
 
@@ -181,7 +224,7 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                   HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr, HAS_BIAS: tl.constexpr,
                   WN: tl.constexpr, WK: tl.constexpr, UNIT: tl.constexpr, NB: tl.constexpr, SPLIT: tl.constexpr,
                   EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, SUBZ: tl.constexpr,
-                  USE_ASM: tl.constexpr, ASM: tl.constexpr, CONSTRAINTS: tl.constexpr):
+                  STAGE_X: tl.constexpr, USE_ASM: tl.constexpr, ASM: tl.constexpr, CONSTRAINTS: tl.constexpr):
     """Grid ``(M / (8 NB), N / (32 WN), SPLIT_K)``: the row sets of one weight tile run side by side, so
     all but the first read its words from L2; ``WN x WK`` warps: ``WN`` strips of 32 columns, each
     walked by ``WK`` warps taking turns over the CTA's steps (their sums meet in shared memory at the end).
@@ -223,6 +266,9 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
     xmask0 = xm < M
     xmask1 = xm + 8 < M
     X32 = X.to(tl.pointer_type(tl.int32), bitcast=True)
+    STAGE: tl.constexpr = STAGE_X and USE_ASM and WK == 1
+    srow0 = pid_m * ROWS
+    stride32 = stride_xm // 2
     nunits = NCH // UNIT
     per = tl.cdiv(nunits, SPLIT_K)
     u0 = pid_k * per
@@ -235,11 +281,12 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
     if USE_ASM and PREFETCH:
         un = tl.minimum(uw, nunits - 1)
         n0, n1, n2, n3, n4, n5, n6, n7 = _unit_words(W, un, UNIT, R, rp, NP, cols, nmask, shift)
-        q0, q1, q2, q3, q4, q5, q6, q7 = _unit_x(X32, xbase0, koff, xmask0 & (uw < u1), un, UNIT, CK, NF, R, KX,
-                                                 EVEN_K)
+        q0, q1, q2, q3, q4, q5, q6, q7 = _unit_x(X32, xbase0, koff, xmask0 & (uw < u1), srow0, M, stride32, u0 < u1,
+                                                 un, UNIT, CK, NF, R, WN, KX, EVEN_K, STAGE)
     for i in range(0, tl.cdiv(u1 - u0, WK)):
         u = uw + i * WK
         live = u < u1
+        us = u0 + i * WK  # the step as a scalar (the staged x's liveness: one warp along K)
         uc = tl.minimum(u, nunits - 1)
         c0 = tl.zeros((L, 4), dtype=tl.float32)
         c1 = tl.zeros((L, 4), dtype=tl.float32)
@@ -254,12 +301,13 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                 p0, p1, p2, p3, p4, p5, p6, p7 = q0, q1, q2, q3, q4, q5, q6, q7
                 un = tl.minimum(u + WK, nunits - 1)
                 n0, n1, n2, n3, n4, n5, n6, n7 = _unit_words(W, un, UNIT, R, rp, NP, cols, nmask, shift)
-                q0, q1, q2, q3, q4, q5, q6, q7 = _unit_x(X32, xbase0, koff, xmask0 & (u + WK < u1), un, UNIT, CK,
-                                                         NF, R, KX, EVEN_K)
+                q0, q1, q2, q3, q4, q5, q6, q7 = _unit_x(X32, xbase0, koff, xmask0 & (u + WK < u1), srow0, M,
+                                                         stride32, us + WK < u1, un, UNIT, CK, NF, R, WN, KX, EVEN_K,
+                                                         STAGE)
             else:
                 w0, w1, w2, w3, w4, w5, w6, w7 = _unit_words(W, uc, UNIT, R, rp, NP, cols, nmask, shift)
-                p0, p1, p2, p3, p4, p5, p6, p7 = _unit_x(X32, xbase0, koff, xmask0 & live, uc, UNIT, CK, NF, R, KX,
-                                                         EVEN_K)
+                p0, p1, p2, p3, p4, p5, p6, p7 = _unit_x(X32, xbase0, koff, xmask0 & live, srow0, M, stride32,
+                                                         us < u1, uc, UNIT, CK, NF, R, WN, KX, EVEN_K, STAGE)
         for ci in tl.static_range(UNIT):
             kbase = (uc * UNIT + ci) * CK
             if USE_ASM:
@@ -267,14 +315,13 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                     wa, wb, x0, x1, x2, x3 = w0, w1, p0, p1, p2, p3
                 elif ci == 1:
                     wa, wb, x0, x1, x2, x3 = w2, w3, p4, p5, p6, p7
-                elif ci == 2:
-                    wa, wb = w4, w5
-                    x0, x1, x2, x3 = _chunk_x(X32, xbase0, koff, xmask0 & live, kbase, NF, R, KX, EVEN_K)
                 else:
-                    wa, wb = w6, w7
-                    x0, x1, x2, x3 = _chunk_x(X32, xbase0, koff, xmask0 & live, kbase, NF, R, KX, EVEN_K)
+                    wa, wb = (w4, w5) if ci == 2 else (w6, w7)
+                    x0, x1, x2, x3 = _chunk_x(X32, xbase0, koff, xmask0 & live, srow0, M, stride32, us < u1, kbase,
+                                              NF, R, WN, KX, EVEN_K, STAGE)
                 if NB == 2:
-                    y0, y1, y2, y3 = _chunk_x(X32, xbase1, koff, xmask1 & live, kbase, NF, R, KX, EVEN_K)
+                    y0, y1, y2, y3 = _chunk_x(X32, xbase1, koff, xmask1 & live, srow0 + 8, M, stride32, us < u1,
+                                              kbase, NF, R, WN, KX, EVEN_K, STAGE)
                 else:
                     y0, y1, y2, y3 = x0, x1, x2, x3
                 c0, c1, cx, e0, e1, ex = tl.inline_asm_elementwise(
@@ -376,5 +423,6 @@ def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, 
         GS=p.group, BITS=p.bits, R=p.rows_per_block, ZC=p.zero_const, HAS_Z=p.zeros is not None,
         HAS_OFF=p.offsets is not None, HAS_BIAS=bias is not None, WN=wn, WK=warps // wn, UNIT=unit, NB=nb,
         SPLIT=split > 1, EVEN_K=kx == p.kp, EVEN_N=p.np % (32 * wn) == 0, PREFETCH=cfg.prefetch, SUBZ=subz,
+        STAGE_X=cfg.stage_x,
         USE_ASM=use_asm, ASM=asm, CONSTRAINTS=MMA_CONSTRAINTS, num_warps=warps, num_stages=1)
     return y
