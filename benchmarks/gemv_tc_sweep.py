@@ -90,12 +90,13 @@ def checks(gen: torch.Generator) -> int:
         cases.append((4, 32, 4096, 4096, 5, True, False, dtype, Config("gemv_tc", 8, 128, 128, 8, 4, 1), True))
     worst = 0.0
     for i, c in enumerate(cases):
-        err = check_case(*c[:8], replace(c[8], sub_zero=i % 2 == 1), gen, offsets=c[9])
+        cfg = replace(c[8], sub_zero=i % 2 == 1, stage_x=i // 2 % 2 == 1)
+        err = check_case(*c[:8], cfg, gen, offsets=c[9])
         worst = max(worst, err)
         if not err < 1e-2:
             bad += 1
-            print(f"WRONG {c} sub_zero={i % 2 == 1}: {err:.2e}")
-    print(f"checks: {len(cases)} layers (every other one with the zero subtracted in the asm), {bad} failed, "
+            print(f"WRONG {c[:8]} {cfg}: {err:.2e}")
+    print(f"checks: {len(cases)} layers (half with the zero subtracted in the asm, half with x staged), {bad} failed, "
           f"worst relative error {worst:.2e}", flush=True)
     return bad
 
@@ -117,7 +118,8 @@ def candidates(p) -> list[Config]:
 def fmt(c: Config, p) -> str:
     unit = c.block_k * p.bits // 32 // p.rows_per_block
     shape = f"n{c.block_n // 32}k{c.num_warps * 32 // c.block_n} u{unit} s{c.split_k}"
-    return shape + (" pf" if c.prefetch else "") + (" 16r" if c.block_m > 8 else "") + (" subz" if c.sub_zero else "")
+    flags = [("pf", c.prefetch), ("16r", c.block_m > 8), ("subz", c.sub_zero), ("sx", c.stage_x)]
+    return shape + "".join(f" {name}" for name, on in flags if on)
 
 
 def checked_time(x: torch.Tensor, ref: torch.Tensor, ps: list, c: Config, lock: torch.Tensor, reps: int
@@ -174,10 +176,11 @@ def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Genera
         if us is not None:
             rows.append((us, c))
     rows.sort(key=lambda r: r[0])
-    for _, c in rows[:6]:  # the best six again with the zero subtracted in the asm (no Cx MMA)
-        us = checked_time(x, ref, ps, replace(c, sub_zero=True), lock, reps)
-        if us is not None:
-            rows.append((us, replace(c, sub_zero=True)))
+    for _, c in rows[:6]:  # the best six again with the zero subtracted in the asm (no Cx MMA), x staged or not
+        for v in (replace(c, sub_zero=True), replace(c, sub_zero=True, stage_x=True), replace(c, stage_x=True)):
+            us = checked_time(x, ref, ps, v, lock, reps)
+            if us is not None:
+                rows.append((us, v))
     rows.sort(key=lambda r: r[0])
     best_us, best = rows[0]
     top = ", ".join(f"{us:.1f} {fmt(c, p)}" for us, c in rows[:6])
@@ -193,9 +196,11 @@ def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Genera
         tries = []
         for _, c in rows[:4]:  # 16 rows: one program with two row sets, or row sets in programs side by side
             for bm in (8, 16) if m > 8 else (8,):
-                us = checked_time(xm, refm, ps, replace(c, block_m=bm), lock, reps)
-                if us is not None:
-                    tries.append((us, replace(c, block_m=bm)))
+                for stage in (False, True):
+                    v = replace(c, block_m=bm, stage_x=stage)
+                    us = checked_time(xm, refm, ps, v, lock, reps)
+                    if us is not None:
+                        tries.append((us, v))
         t_tc, c_tc = min(tries, key=lambda r: r[0])
         cfg_m = config(p, m)
         t_ship = timed([lambda x, q=q, c=cfg_m: qmm(x, q, c, None, lock) for q in ps], xm, reps)

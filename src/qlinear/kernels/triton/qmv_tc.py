@@ -136,36 +136,41 @@ def _staged_x(X32, srow, M, stride32, ok, kbase, NF: tl.constexpr, R: tl.constex
     lanes = tl.reshape(tl.permute(tl.reshape(tile, (8, 4 // HR, NF, HR)), (0, 1, 3, 2)), (1, 32, NF))
     lanes = tl.reshape(tl.broadcast_to(lanes, (WN, 32, NF)), (L, NF))
     if NF == 4:
-        return lanes, lanes, lanes, lanes
-    if NF == 8:
+        x0, x1, x2, x3 = lanes, lanes, lanes, lanes
+    elif NF == 8:
         x0, x1 = tl.split(tl.permute(tl.reshape(lanes, (L, 2, 4)), (0, 2, 1)))
-        return x0, x1, x0, x0
-    lo, hi = tl.split(tl.permute(tl.reshape(lanes, (L, 2, 2, 4)), (0, 3, 1, 2)))  # (i1, i0): field group 2 i1 + i0
-    x0, x2 = tl.split(lo)
-    x1, x3 = tl.split(hi)
+        x2, x3 = x0, x0
+    else:  # (i1, i0): field group 2 i1 + i0
+        lo, hi = tl.split(tl.permute(tl.reshape(lanes, (L, 2, 2, 4)), (0, 3, 1, 2)))
+        x0, x2 = tl.split(lo)
+        x1, x3 = tl.split(hi)
     return x0, x1, x2, x3
 
 
 @triton.jit
-def _chunk_x(X32, xbase, koff, xmask, srow, M, stride32, ok, kbase, NF: tl.constexpr, R: tl.constexpr,
+def _chunk_x(X32, xbase, koff, xmask, srow, M, stride32, ok, kbase, kbs, NF: tl.constexpr, R: tl.constexpr,
              WN: tl.constexpr, KX, EVEN_K: tl.constexpr, STAGE: tl.constexpr):
-    """A chunk's x pairs per lane: staged through shared memory (``STAGE``: one warp along K only, ``ok`` the
-    step's liveness as a scalar) or loaded per lane (``xmask`` holds the liveness)."""
+    """A chunk's x pairs per lane: staged through shared memory (``STAGE``: one warp along K only; ``ok`` the
+    step's liveness and ``kbs`` its first sorted row, as scalars) or loaded per lane (``kbase`` per lane,
+    ``xmask`` holds the liveness)."""
     if STAGE:
-        return _staged_x(X32, srow, M, stride32, ok, kbase, NF, R, WN, KX, EVEN_K)
-    return _lane_x(X32, xbase, koff, xmask, kbase, NF, R, KX, EVEN_K)
+        x0, x1, x2, x3 = _staged_x(X32, srow, M, stride32, ok, kbs, NF, R, WN, KX, EVEN_K)
+    else:
+        x0, x1, x2, x3 = _lane_x(X32, xbase, koff, xmask, kbase, NF, R, KX, EVEN_K)
+    return x0, x1, x2, x3
 
 
 @triton.jit
-def _unit_x(X32, xbase, koff, xmask, srow, M, stride32, ok, u, UNIT: tl.constexpr, CK: tl.constexpr,
+def _unit_x(X32, xbase, koff, xmask, srow, M, stride32, ok, u, us, UNIT: tl.constexpr, CK: tl.constexpr,
             NF: tl.constexpr, R: tl.constexpr, WN: tl.constexpr, KX, EVEN_K: tl.constexpr, STAGE: tl.constexpr):
-    """x pairs of the first two chunks of step ``u`` (the prefetched part; eight ``[L, 4]`` tensors)."""
-    a0, a1, a2, a3 = _chunk_x(X32, xbase, koff, xmask, srow, M, stride32, ok, u * UNIT * CK, NF, R, WN, KX, EVEN_K,
-                              STAGE)
+    """x pairs of the first two chunks of step ``u`` (``us``: the same as a scalar, for the staged x; the
+    prefetched part; eight ``[L, 4]`` tensors)."""
+    a0, a1, a2, a3 = _chunk_x(X32, xbase, koff, xmask, srow, M, stride32, ok, u * UNIT * CK, us * UNIT * CK, NF, R,
+                              WN, KX, EVEN_K, STAGE)
     b0, b1, b2, b3 = a0, a1, a2, a3
     if UNIT >= 2:
-        b0, b1, b2, b3 = _chunk_x(X32, xbase, koff, xmask, srow, M, stride32, ok, (u * UNIT + 1) * CK, NF, R, WN,
-                                  KX, EVEN_K, STAGE)
+        b0, b1, b2, b3 = _chunk_x(X32, xbase, koff, xmask, srow, M, stride32, ok, (u * UNIT + 1) * CK,
+                                  (us * UNIT + 1) * CK, NF, R, WN, KX, EVEN_K, STAGE)
     return a0, a1, a2, a3, b0, b1, b2, b3
 
 
@@ -282,11 +287,13 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
         un = tl.minimum(uw, nunits - 1)
         n0, n1, n2, n3, n4, n5, n6, n7 = _unit_words(W, un, UNIT, R, rp, NP, cols, nmask, shift)
         q0, q1, q2, q3, q4, q5, q6, q7 = _unit_x(X32, xbase0, koff, xmask0 & (uw < u1), srow0, M, stride32, u0 < u1,
-                                                 un, UNIT, CK, NF, R, WN, KX, EVEN_K, STAGE)
+                                                 un, tl.minimum(u0, nunits - 1), UNIT, CK, NF, R, WN, KX, EVEN_K,
+                                                 STAGE)
     for i in range(0, tl.cdiv(u1 - u0, WK)):
         u = uw + i * WK
         live = u < u1
-        us = u0 + i * WK  # the step as a scalar (the staged x's liveness: one warp along K)
+        us = u0 + i * WK  # the step as a scalar (the staged x's: one warp along K)
+        ucs = tl.minimum(us, nunits - 1)
         uc = tl.minimum(u, nunits - 1)
         c0 = tl.zeros((L, 4), dtype=tl.float32)
         c1 = tl.zeros((L, 4), dtype=tl.float32)
@@ -302,12 +309,12 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                 un = tl.minimum(u + WK, nunits - 1)
                 n0, n1, n2, n3, n4, n5, n6, n7 = _unit_words(W, un, UNIT, R, rp, NP, cols, nmask, shift)
                 q0, q1, q2, q3, q4, q5, q6, q7 = _unit_x(X32, xbase0, koff, xmask0 & (u + WK < u1), srow0, M,
-                                                         stride32, us + WK < u1, un, UNIT, CK, NF, R, WN, KX, EVEN_K,
-                                                         STAGE)
+                                                         stride32, us + WK < u1, un, tl.minimum(us + WK, nunits - 1),
+                                                         UNIT, CK, NF, R, WN, KX, EVEN_K, STAGE)
             else:
                 w0, w1, w2, w3, w4, w5, w6, w7 = _unit_words(W, uc, UNIT, R, rp, NP, cols, nmask, shift)
                 p0, p1, p2, p3, p4, p5, p6, p7 = _unit_x(X32, xbase0, koff, xmask0 & live, srow0, M, stride32,
-                                                         us < u1, uc, UNIT, CK, NF, R, WN, KX, EVEN_K, STAGE)
+                                                         us < u1, uc, ucs, UNIT, CK, NF, R, WN, KX, EVEN_K, STAGE)
         for ci in tl.static_range(UNIT):
             kbase = (uc * UNIT + ci) * CK
             if USE_ASM:
@@ -318,10 +325,10 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                 else:
                     wa, wb = (w4, w5) if ci == 2 else (w6, w7)
                     x0, x1, x2, x3 = _chunk_x(X32, xbase0, koff, xmask0 & live, srow0, M, stride32, us < u1, kbase,
-                                              NF, R, WN, KX, EVEN_K, STAGE)
+                                              (ucs * UNIT + ci) * CK, NF, R, WN, KX, EVEN_K, STAGE)
                 if NB == 2:
                     y0, y1, y2, y3 = _chunk_x(X32, xbase1, koff, xmask1 & live, srow0 + 8, M, stride32, us < u1,
-                                              kbase, NF, R, WN, KX, EVEN_K, STAGE)
+                                              kbase, (ucs * UNIT + ci) * CK, NF, R, WN, KX, EVEN_K, STAGE)
                 else:
                     y0, y1, y2, y3 = x0, x1, x2, x3
                 c0, c1, cx, e0, e1, ex = tl.inline_asm_elementwise(
