@@ -431,5 +431,6 @@ def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, 
         HAS_OFF=p.offsets is not None, HAS_BIAS=bias is not None, WN=wn, WK=warps // wn, UNIT=unit, NB=nb,
         SPLIT=split > 1, EVEN_K=kx == p.kp, EVEN_N=p.np % (32 * wn) == 0, PREFETCH=cfg.prefetch, SUBZ=subz,
         STAGE_X=cfg.stage_x,
-        USE_ASM=use_asm, ASM=asm, CONSTRAINTS=MMA_CONSTRAINTS, num_warps=warps, num_stages=1)
+        USE_ASM=use_asm, ASM=asm, CONSTRAINTS=MMA_CONSTRAINTS, num_warps=warps, num_stages=1,
+        **({"maxnreg": cfg.max_registers} if cfg.max_registers and use_asm else {}))
     return y
