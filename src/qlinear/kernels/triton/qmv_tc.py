@@ -271,7 +271,9 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
     xmask0 = xm < M
     xmask1 = xm + 8 < M
     X32 = X.to(tl.pointer_type(tl.int32), bitcast=True)
-    STAGE: tl.constexpr = STAGE_X and USE_ASM and WK == 1
+    # staged x only for field blocks of 8 rows (groups of 64+ 4-bit / 128+ 2-bit codes): with fewer rows the
+    # reshape's layout won Triton's layout choice for the asm and mispacked its operands (offline TTGIR, H200)
+    STAGE: tl.constexpr = STAGE_X and USE_ASM and WK == 1 and R == 8
     srow0 = pid_m * ROWS
     stride32 = stride_xm // 2
     nunits = NCH // UNIT
