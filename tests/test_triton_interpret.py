@@ -314,6 +314,28 @@ def test_configs_table_and_heuristics(monkeypatch: pytest.MonkeyPatch) -> None:
     assert configs.choose("H", 132, 1, 4096, 4096, 4, 128, "gemv").block_m == 16  # the entry as measured
 
 
+def test_a_shape_timed_for_several_variants_takes_the_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the table times two variants for the exact key (one run, side by side) the faster one runs;
+    one timed variant, or none left after ``exclude``, leaves the choice to the crossovers."""
+    from qlinear.kernels.triton import configs
+
+    def entry(us: float) -> dict:
+        return {"block_m": 16, "block_n": 64, "block_k": 128, "split_k": 2, "num_warps": 2, "us": us}
+
+    table = {"H": {"crossovers": {"4": {"gemv_tc": 8, "skinny2": 16, "gemm2": 256}},
+                   "configs": {configs.table_key("gemv_tc", 16, 4096, 14336, 4, 128): entry(23.0),
+                               configs.table_key("skinny2", 16, 4096, 14336, 4, 128): entry(25.9),
+                               configs.table_key("gemv_tc", 16, 4096, 4096, 4, 128): entry(11.7),
+                               configs.table_key("skinny2", 16, 4096, 4096, 4, 128): entry(10.7),
+                               configs.table_key("gemv_tc", 16, 8192, 4096, 4, 128): entry(1.0)}}}
+    monkeypatch.setattr(configs, "_tables", lambda: table)
+    assert configs.choose("H", 132, 12, 4096, 14336, 4, 128).variant == "gemv_tc"
+    assert configs.choose("H", 132, 12, 4096, 4096, 4, 128).variant == "skinny2"
+    assert configs.choose("H", 132, 12, 8192, 4096, 4, 128).variant == "skinny2"  # only one timed: crossovers
+    assert configs.choose("H", 132, 12, 4096, 14336, 4, 128, exclude=("gemv_tc",)).variant == "skinny2"
+    assert configs.choose("H", 132, 4, 4096, 14336, 4, 128).variant == "gemv_tc"  # another bucket: crossovers
+
+
 def test_importing_qlinear_does_not_import_triton() -> None:
     import subprocess
     import sys

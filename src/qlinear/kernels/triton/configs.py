@@ -99,6 +99,20 @@ def pick_variant(device: str, m: int, bits: int, exclude: tuple[str, ...] = ()) 
     return "dense"
 
 
+def measured_variant(device: str, m: int, n: int, k: int, bits: int, group: int,
+                     exclude: tuple[str, ...] = ()) -> str | None:
+    """The fastest variant timed side by side for exactly this call's key (M bucket, N, K, bits, group): the
+    sweeps write each entry's median ``us`` beside its config, and a table gives times for a key only from one
+    run. None unless two or more variants (not in ``exclude``) were timed; then the crossovers decide."""
+    table = _tables().get(device, {}).get("configs", {})
+    timed = {}
+    for v in VARIANTS:
+        entry = table.get(table_key(v, m, n, k, bits, group))
+        if v not in exclude and entry and "us" in entry:
+            timed[v] = float(entry["us"])
+    return min(timed, key=timed.__getitem__) if len(timed) >= 2 else None
+
+
 def _split(tiles: int, nkb: int, sms: int, waves: int, min_blocks: int) -> int:
     """Split K so that about ``waves`` CTAs per SM exist, each keeping at least ``min_blocks`` K blocks."""
     if tiles >= sms * waves // 2:
@@ -123,13 +137,14 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         split = min(32, _split(-(-n // (128 * warps)), nkb, sms, 12, 2))
         return Config("gemv", min(4, m_bucket(m)), 128 * warps, bk, split, warps, 2)
     if variant == "gemv_tc":  # 4 warps side by side (128 columns), 4 field blocks a step, ~28 warps per SM
-        # (the H200 sweep's winners: results/h200-gemv_tc-2026-12-02-second.md); at most 32 splits
+        # (the H200 sweep's winners: results/h200-gemv_tc-2026-12-02-second.md); at most 32 splits; the zero
+        # subtracted per pair, and above 4 rows x staged through shared memory (results/...-2026-12-03-fifth.md)
         ck = 8 * pf
         tiles = -(-n // 128)
         units = max(1, k // (4 * ck))
         want = max(1, -(-sms * 28 // (tiles * 4)))
         split = min(32, units, 1 << (want.bit_length() - 1))
-        return Config("gemv_tc", 16 if m > 8 else 8, 128, 4 * ck, split, 4, 1)
+        return Config("gemv_tc", 16 if m > 8 else 8, 128, 4 * ck, split, 4, 1, sub_zero=True, stage_x=m > 4)
     if variant == "skinny":  # 64 columns x 4 warps: the dequantized tile feeds mma straight from registers
         bn = 64 if n >= 64 else 32
         nkb = -(-k // 128)
@@ -168,8 +183,10 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
 def choose(device: str, sms: int, m: int, n: int, k: int, bits: int, group: int,
            variant: str | None = None, exclude: tuple[str, ...] = ()) -> Config:
     """The table's entry for this call (its M bucket, else the nearest measured bucket of the same
-    variant and shape), else ``heuristic``; ``variant`` forces one, ``exclude`` skips variants by M."""
-    variant = variant or pick_variant(device, m, bits, exclude)
+    variant and shape), else ``heuristic``. The variant: ``variant`` if given, else the fastest one timed for
+    this exact key, else the crossovers by M; ``exclude`` skips variants this call cannot run."""
+    variant = variant or measured_variant(device, m, n, k, bits, group, exclude) or pick_variant(device, m, bits,
+                                                                                                  exclude)
     table = _tables().get(device, {}).get("configs", {})
     entry = table.get(table_key(variant, m, n, k, bits, group))
     exact = entry is not None
