@@ -21,7 +21,7 @@ from tests.triton_interp import interpreted
 triton = pytest.importorskip("triton", reason="triton is not installed")
 tl = triton.language
 
-from qlinear.kernels.triton import qmv_tc  # noqa: E402  (after TRITON_INTERPRET)
+from qlinear.kernels.triton import qmv_tc_x  # noqa: E402  (after TRITON_INTERPRET)
 
 
 @triton.jit
@@ -36,8 +36,8 @@ def _probe(X, OUT, M, KX, stride32, kbase, srow, ok, NF: tl.constexpr, R: tl.con
     xm = srow + g
     xbase = xm * stride32 + koff // 2
     X32 = X.to(tl.pointer_type(tl.int32), bitcast=True)
-    x0, x1, x2, x3 = qmv_tc._chunk_x(X32, xbase, koff, (xm < M) & ok, srow, M, stride32, ok, kbase, kbase, NF, R,
-                                     WN, KX, False, STAGE)
+    x0, x1, x2, x3 = qmv_tc_x.chunk_x(X32, xbase, koff, (xm < M) & ok, srow, M, stride32, ok, kbase, kbase, NF,
+                                     R, WN, KX, False, STAGE)
     c = tl.arange(0, 4)[None, :]
     tl.store(OUT + lane * 16 + c, x0)
     tl.store(OUT + lane * 16 + 4 + c, x1)

@@ -37,24 +37,13 @@ import triton.language as tl
 from .common import stack2, store_split
 from .layout import Packed
 from .qmv_tc_asm import MMA_CONSTRAINTS, mma_asm
+from .qmv_tc_x import chunk_x, unit_x
 
 #: activation rows per B operand (the MMA's 8 columns); a program takes one or two such sets
 SET_ROWS = 8
 
 
 
-
-
-@triton.jit
-def _x_pairs(X32, xbase, koff, xmask, kbase, i: tl.constexpr, R: tl.constexpr, KX, EVEN_K: tl.constexpr):
-    """x pairs (int32: two activations) of the lane's local fields ``4i .. 4i+3``: sorted rows
-    ``kbase + koff + f R (+1)``, ``koff = (t // HR) NF R + rp`` the lane's offset; ``xbase`` is its row plus
-    ``koff / 2`` in int32 units, so field ``f`` adds the constant ``f R / 2``."""
-    f = 4 * i + tl.arange(0, 4)[None, :]
-    ptr = X32 + xbase + (kbase // 2 + f * (R // 2))
-    if EVEN_K:
-        return tl.load(ptr, mask=xmask, other=0)
-    return tl.load(ptr, mask=xmask & (kbase + koff + f * R < KX), other=0)
 
 
 @triton.jit
@@ -100,78 +89,6 @@ def _unit_words(W, u, UNIT: tl.constexpr, R: tl.constexpr, rp, NP, cols, nmask, 
         a2, b2 = _word_pair(W, (u * UNIT + 2) * R + rp, NP, cols, nmask, shift)
         a3, b3 = _word_pair(W, (u * UNIT + 3) * R + rp, NP, cols, nmask, shift)
     return a0, b0, a1, b1, a2, b2, a3, b3
-
-
-@triton.jit
-def _lane_x(X32, xbase, koff, xmask, kbase, NF: tl.constexpr, R: tl.constexpr, KX, EVEN_K: tl.constexpr):
-    """The lane's ``NF`` x pairs of one chunk as four ``[L, 4]`` tensors, each lane loading its own (4-byte
-    loads: 8 rows x 4 lanes touch 8 lines, so 8 L1 wavefronts per load at M = 8); unused ones repeat the first."""
-    x0 = _x_pairs(X32, xbase, koff, xmask, kbase, 0, R, KX, EVEN_K)
-    x1, x2, x3 = x0, x0, x0
-    if NF >= 8:
-        x1 = _x_pairs(X32, xbase, koff, xmask, kbase, 1, R, KX, EVEN_K)
-    if NF >= 16:
-        x2 = _x_pairs(X32, xbase, koff, xmask, kbase, 2, R, KX, EVEN_K)
-        x3 = _x_pairs(X32, xbase, koff, xmask, kbase, 3, R, KX, EVEN_K)
-    return x0, x1, x2, x3
-
-
-@triton.jit
-def _staged_x(X32, srow, M, stride32, ok, kbase, NF: tl.constexpr, R: tl.constexpr, WN: tl.constexpr, KX,
-              EVEN_K: tl.constexpr):
-    """The same four ``[L, 4]`` tensors from one coalesced ``[8, 4 NF]`` load of the chunk's x pairs (rows
-    ``srow ..``, 16 bytes a thread), dealt to the lanes by a layout conversion through shared memory.
-
-    Pair ``p`` of the chunk is ``(t // HR, f, t % HR)`` in mixed radix ``(4 / HR, NF, HR)`` (``_x_pairs``):
-    a reshape and a permute put lane ``4 g + t``'s ``NF`` pairs in its row; every warp along N gets a copy."""
-    HR: tl.constexpr = R // 2
-    P: tl.constexpr = 4 * NF
-    L: tl.constexpr = 32 * WN
-    rows = srow + tl.arange(0, 8)[:, None]
-    pp = tl.arange(0, P)[None, :]
-    mask = (rows < M) & ok
-    if not EVEN_K:
-        mask = mask & (kbase + 2 * pp < KX)
-    tile = tl.load(X32 + rows * stride32 + kbase // 2 + pp, mask=mask, other=0)
-    lanes = tl.reshape(tl.permute(tl.reshape(tile, (8, 4 // HR, NF, HR)), (0, 1, 3, 2)), (1, 32, NF))
-    lanes = tl.reshape(tl.broadcast_to(lanes, (WN, 32, NF)), (L, NF))
-    if NF == 4:
-        x0, x1, x2, x3 = lanes, lanes, lanes, lanes
-    elif NF == 8:
-        x0, x1 = tl.split(tl.permute(tl.reshape(lanes, (L, 2, 4)), (0, 2, 1)))
-        x2, x3 = x0, x0
-    else:  # (i1, i0): field group 2 i1 + i0
-        lo, hi = tl.split(tl.permute(tl.reshape(lanes, (L, 2, 2, 4)), (0, 3, 1, 2)))
-        x0, x2 = tl.split(lo)
-        x1, x3 = tl.split(hi)
-    return x0, x1, x2, x3
-
-
-@triton.jit
-def _chunk_x(X32, xbase, koff, xmask, srow, M, stride32, ok, kbase, kbs, NF: tl.constexpr, R: tl.constexpr,
-             WN: tl.constexpr, KX, EVEN_K: tl.constexpr, STAGE: tl.constexpr):
-    """A chunk's x pairs per lane: staged through shared memory (``STAGE``: one warp along K only; ``ok`` the
-    step's liveness and ``kbs`` its first sorted row, as scalars) or loaded per lane (``kbase`` per lane,
-    ``xmask`` holds the liveness)."""
-    if STAGE:
-        x0, x1, x2, x3 = _staged_x(X32, srow, M, stride32, ok, kbs, NF, R, WN, KX, EVEN_K)
-    else:
-        x0, x1, x2, x3 = _lane_x(X32, xbase, koff, xmask, kbase, NF, R, KX, EVEN_K)
-    return x0, x1, x2, x3
-
-
-@triton.jit
-def _unit_x(X32, xbase, koff, xmask, srow, M, stride32, ok, u, us, UNIT: tl.constexpr, CK: tl.constexpr,
-            NF: tl.constexpr, R: tl.constexpr, WN: tl.constexpr, KX, EVEN_K: tl.constexpr, STAGE: tl.constexpr):
-    """x pairs of the first two chunks of step ``u`` (``us``: the same as a scalar, for the staged x; the
-    prefetched part; eight ``[L, 4]`` tensors)."""
-    a0, a1, a2, a3 = _chunk_x(X32, xbase, koff, xmask, srow, M, stride32, ok, u * UNIT * CK, us * UNIT * CK, NF, R,
-                              WN, KX, EVEN_K, STAGE)
-    b0, b1, b2, b3 = a0, a1, a2, a3
-    if UNIT >= 2:
-        b0, b1, b2, b3 = _chunk_x(X32, xbase, koff, xmask, srow, M, stride32, ok, (u * UNIT + 1) * CK,
-                                  (us * UNIT + 1) * CK, NF, R, WN, KX, EVEN_K, STAGE)
-    return a0, a1, a2, a3, b0, b1, b2, b3
 
 
 @triton.jit
@@ -288,7 +205,7 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
     if USE_ASM and PREFETCH:
         un = tl.minimum(uw, nunits - 1)
         n0, n1, n2, n3, n4, n5, n6, n7 = _unit_words(W, un, UNIT, R, rp, NP, cols, nmask, shift)
-        q0, q1, q2, q3, q4, q5, q6, q7 = _unit_x(X32, xbase0, koff, xmask0 & (uw < u1), srow0, M, stride32, u0 < u1,
+        q0, q1, q2, q3, q4, q5, q6, q7 = unit_x(X32, xbase0, koff, xmask0 & (uw < u1), srow0, M, stride32, u0 < u1,
                                                  un, tl.minimum(u0, nunits - 1), UNIT, CK, NF, R, WN, KX, EVEN_K,
                                                  STAGE)
     for i in range(0, tl.cdiv(u1 - u0, WK)):
@@ -310,12 +227,12 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                 p0, p1, p2, p3, p4, p5, p6, p7 = q0, q1, q2, q3, q4, q5, q6, q7
                 un = tl.minimum(u + WK, nunits - 1)
                 n0, n1, n2, n3, n4, n5, n6, n7 = _unit_words(W, un, UNIT, R, rp, NP, cols, nmask, shift)
-                q0, q1, q2, q3, q4, q5, q6, q7 = _unit_x(X32, xbase0, koff, xmask0 & (u + WK < u1), srow0, M,
+                q0, q1, q2, q3, q4, q5, q6, q7 = unit_x(X32, xbase0, koff, xmask0 & (u + WK < u1), srow0, M,
                                                          stride32, us + WK < u1, un, tl.minimum(us + WK, nunits - 1),
                                                          UNIT, CK, NF, R, WN, KX, EVEN_K, STAGE)
             else:
                 w0, w1, w2, w3, w4, w5, w6, w7 = _unit_words(W, uc, UNIT, R, rp, NP, cols, nmask, shift)
-                p0, p1, p2, p3, p4, p5, p6, p7 = _unit_x(X32, xbase0, koff, xmask0 & live, srow0, M, stride32,
+                p0, p1, p2, p3, p4, p5, p6, p7 = unit_x(X32, xbase0, koff, xmask0 & live, srow0, M, stride32,
                                                          us < u1, uc, ucs, UNIT, CK, NF, R, WN, KX, EVEN_K, STAGE)
         for ci in tl.static_range(UNIT):
             kbase = (uc * UNIT + ci) * CK
@@ -326,10 +243,10 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                     wa, wb, x0, x1, x2, x3 = w2, w3, p4, p5, p6, p7
                 else:
                     wa, wb = (w4, w5) if ci == 2 else (w6, w7)
-                    x0, x1, x2, x3 = _chunk_x(X32, xbase0, koff, xmask0 & live, srow0, M, stride32, us < u1, kbase,
+                    x0, x1, x2, x3 = chunk_x(X32, xbase0, koff, xmask0 & live, srow0, M, stride32, us < u1, kbase,
                                               (ucs * UNIT + ci) * CK, NF, R, WN, KX, EVEN_K, STAGE)
                 if NB == 2:
-                    y0, y1, y2, y3 = _chunk_x(X32, xbase1, koff, xmask1 & live, srow0 + 8, M, stride32, us < u1,
+                    y0, y1, y2, y3 = chunk_x(X32, xbase1, koff, xmask1 & live, srow0 + 8, M, stride32, us < u1,
                                               kbase, (ucs * UNIT + ci) * CK, NF, R, WN, KX, EVEN_K, STAGE)
                 else:
                     y0, y1, y2, y3 = x0, x1, x2, x3
