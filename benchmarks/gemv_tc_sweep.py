@@ -7,7 +7,7 @@ Checks first (fresh random weights, float64 reference, relative Frobenius error 
 g32/g64/g128/channelwise, float16/bfloat16, odd N and K, M 1..16, split-K, additive offsets (GGUF). Then per
 shape and bits: every (warps, K unit, split) at M=1, the best one at each M, against the shipped ``gemv``
 config and ``F.linear`` in bfloat16 (CUDA-graph replay over weight copies > 4x L2, median). Prints JSON entries
-for ``tuned_h200.json``.
+for ``tuned_h200.json``, the shipped variant's beside gemv_tc's (same run), each with its time.
 """
 
 from __future__ import annotations
@@ -158,6 +158,12 @@ def best_peer(peers: dict, x: torch.Tensor, reps: int) -> str:
     return f"{t[name]:.1f} {name}"
 
 
+def entry(c: Config, us: float) -> dict:
+    """A table entry: the config's fields and its median time (``configs.measured_variant`` compares these
+    between variants of one key, so a key's entries must come from one run)."""
+    return {**{f: v for f, v in c.as_dict().items() if f != "variant"}, "us": round(us, 2)}
+
+
 def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Generator, with_peers: bool) -> dict:
     p, ps, lock, x, ref = setup(k, n, bits, 1, gen)
     peers = peer_fns(p, len(ps)) if with_peers and bits == 4 else {}
@@ -188,8 +194,8 @@ def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Genera
     top = ", ".join(f"{us:.1f} {fmt(c, p)}" for us, c in rows[:6])
     print(f"| {k}x{n} | {bits} | 1 | {bf16:.1f} | {best_peer(peers, x, reps)} | {gemv:.1f} | {best_us:.1f} | "
           f"{bf16 / best_us:.2f}x | {gemv / best_us:.2f}x | {top} |", flush=True)
-    found = {configs.table_key("gemv_tc", 1, n, k, bits, p.group):
-             {**{f: v for f, v in best.as_dict().items() if f != "variant"}, "us": round(best_us, 2)}}
+    found = {configs.table_key("gemv_tc", 1, n, k, bits, p.group): entry(best, best_us),
+             configs.table_key("gemv", 1, n, k, bits, p.group): entry(gemv_cfg, gemv)}
     for m in ms:
         if m == 1:
             continue
@@ -208,8 +214,9 @@ def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Genera
         t_ship = timed([lambda x, q=q, c=cfg_m: qmm(x, q, c, None, lock) for q in ps], xm, reps)
         print(f"| {k}x{n} | {bits} | {m} | - | {best_peer(peers, xm, reps)} | {t_ship:.1f} ({cfg_m.variant}) | "
               f"{t_tc:.1f} | - | {t_ship / t_tc:.2f}x | {fmt(c_tc, p)} |", flush=True)
-        found[configs.table_key("gemv_tc", m, n, k, bits, p.group)] = {
-            **{f: v for f, v in c_tc.as_dict().items() if f != "variant"}, "us": round(t_tc, 2)}
+        found[configs.table_key("gemv_tc", m, n, k, bits, p.group)] = entry(c_tc, t_tc)
+        if cfg_m.variant != "gemv_tc":  # timed in the same run: the selector takes the faster of the two
+            found[configs.table_key(cfg_m.variant, m, n, k, bits, p.group)] = entry(cfg_m, t_ship)
     return found
 
 
