@@ -37,7 +37,7 @@ def _probe(X, OUT, M, KX, stride32, kbase, srow, ok, NF: tl.constexpr, R: tl.con
     xbase = xm * stride32 + koff // 2
     X32 = X.to(tl.pointer_type(tl.int32), bitcast=True)
     x0, x1, x2, x3 = qmv_tc_x.chunk_x(X32, xbase, koff, (xm < M) & ok, srow, M, stride32, ok, kbase, kbase, NF,
-                                     R, WN, KX, False, STAGE)
+                                      R, WN, KX, False, STAGE)
     c = tl.arange(0, 4)[None, :]
     tl.store(OUT + lane * 16 + c, x0)
     tl.store(OUT + lane * 16 + 4 + c, x1)

@@ -206,8 +206,8 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
         un = tl.minimum(uw, nunits - 1)
         n0, n1, n2, n3, n4, n5, n6, n7 = _unit_words(W, un, UNIT, R, rp, NP, cols, nmask, shift)
         q0, q1, q2, q3, q4, q5, q6, q7 = unit_x(X32, xbase0, koff, xmask0 & (uw < u1), srow0, M, stride32, u0 < u1,
-                                                 un, tl.minimum(u0, nunits - 1), UNIT, CK, NF, R, WN, KX, EVEN_K,
-                                                 STAGE)
+                                                un, tl.minimum(u0, nunits - 1), UNIT, CK, NF, R, WN, KX, EVEN_K,
+                                                STAGE)
     for i in range(0, tl.cdiv(u1 - u0, WK)):
         u = uw + i * WK
         live = u < u1
@@ -228,12 +228,12 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                 un = tl.minimum(u + WK, nunits - 1)
                 n0, n1, n2, n3, n4, n5, n6, n7 = _unit_words(W, un, UNIT, R, rp, NP, cols, nmask, shift)
                 q0, q1, q2, q3, q4, q5, q6, q7 = unit_x(X32, xbase0, koff, xmask0 & (u + WK < u1), srow0, M,
-                                                         stride32, us + WK < u1, un, tl.minimum(us + WK, nunits - 1),
-                                                         UNIT, CK, NF, R, WN, KX, EVEN_K, STAGE)
+                                                        stride32, us + WK < u1, un, tl.minimum(us + WK, nunits - 1),
+                                                        UNIT, CK, NF, R, WN, KX, EVEN_K, STAGE)
             else:
                 w0, w1, w2, w3, w4, w5, w6, w7 = _unit_words(W, uc, UNIT, R, rp, NP, cols, nmask, shift)
                 p0, p1, p2, p3, p4, p5, p6, p7 = unit_x(X32, xbase0, koff, xmask0 & live, srow0, M, stride32,
-                                                         us < u1, uc, ucs, UNIT, CK, NF, R, WN, KX, EVEN_K, STAGE)
+                                                        us < u1, uc, ucs, UNIT, CK, NF, R, WN, KX, EVEN_K, STAGE)
         for ci in tl.static_range(UNIT):
             kbase = (uc * UNIT + ci) * CK
             if USE_ASM:
@@ -244,10 +244,10 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                 else:
                     wa, wb = (w4, w5) if ci == 2 else (w6, w7)
                     x0, x1, x2, x3 = chunk_x(X32, xbase0, koff, xmask0 & live, srow0, M, stride32, us < u1, kbase,
-                                              (ucs * UNIT + ci) * CK, NF, R, WN, KX, EVEN_K, STAGE)
+                                             (ucs * UNIT + ci) * CK, NF, R, WN, KX, EVEN_K, STAGE)
                 if NB == 2:
                     y0, y1, y2, y3 = chunk_x(X32, xbase1, koff, xmask1 & live, srow0 + 8, M, stride32, us < u1,
-                                              kbase, (ucs * UNIT + ci) * CK, NF, R, WN, KX, EVEN_K, STAGE)
+                                             kbase, (ucs * UNIT + ci) * CK, NF, R, WN, KX, EVEN_K, STAGE)
                 else:
                     y0, y1, y2, y3 = x0, x1, x2, x3
                 c0, c1, cx, e0, e1, ex = tl.inline_asm_elementwise(

@@ -41,7 +41,7 @@ def lane_x(X32, xbase, koff, xmask, kbase, NF: tl.constexpr, R: tl.constexpr, KX
 
 @triton.jit
 def staged_x(X32, srow, M, stride32, ok, kbase, NF: tl.constexpr, R: tl.constexpr, WN: tl.constexpr, KX,
-              EVEN_K: tl.constexpr):
+             EVEN_K: tl.constexpr):
     """The same four ``[L, 4]`` tensors from one coalesced ``[8, 4 NF]`` load of the chunk's x pairs (rows
     ``srow ..``, 16 bytes a thread), dealt to the lanes by a layout conversion through shared memory.
 
@@ -72,7 +72,7 @@ def staged_x(X32, srow, M, stride32, ok, kbase, NF: tl.constexpr, R: tl.constexp
 
 @triton.jit
 def chunk_x(X32, xbase, koff, xmask, srow, M, stride32, ok, kbase, kbs, NF: tl.constexpr, R: tl.constexpr,
-             WN: tl.constexpr, KX, EVEN_K: tl.constexpr, STAGE: tl.constexpr):
+            WN: tl.constexpr, KX, EVEN_K: tl.constexpr, STAGE: tl.constexpr):
     """A chunk's x pairs per lane: staged through shared memory (``STAGE``: one warp along K only; ``ok`` the
     step's liveness and ``kbs`` its first sorted row, as scalars) or loaded per lane (``kbase`` per lane,
     ``xmask`` holds the liveness)."""
@@ -85,13 +85,13 @@ def chunk_x(X32, xbase, koff, xmask, srow, M, stride32, ok, kbase, kbs, NF: tl.c
 
 @triton.jit
 def unit_x(X32, xbase, koff, xmask, srow, M, stride32, ok, u, us, UNIT: tl.constexpr, CK: tl.constexpr,
-            NF: tl.constexpr, R: tl.constexpr, WN: tl.constexpr, KX, EVEN_K: tl.constexpr, STAGE: tl.constexpr):
+           NF: tl.constexpr, R: tl.constexpr, WN: tl.constexpr, KX, EVEN_K: tl.constexpr, STAGE: tl.constexpr):
     """x pairs of the first two chunks of step ``u`` (``us``: the same as a scalar, for the staged x; the
     prefetched part; eight ``[L, 4]`` tensors)."""
     a0, a1, a2, a3 = chunk_x(X32, xbase, koff, xmask, srow, M, stride32, ok, u * UNIT * CK, us * UNIT * CK, NF, R,
-                              WN, KX, EVEN_K, STAGE)
+                             WN, KX, EVEN_K, STAGE)
     b0, b1, b2, b3 = a0, a1, a2, a3
     if UNIT >= 2:
         b0, b1, b2, b3 = chunk_x(X32, xbase, koff, xmask, srow, M, stride32, ok, (u * UNIT + 1) * CK,
-                                  (us * UNIT + 1) * CK, NF, R, WN, KX, EVEN_K, STAGE)
+                                 (us * UNIT + 1) * CK, NF, R, WN, KX, EVEN_K, STAGE)
     return a0, a1, a2, a3, b0, b1, b2, b3
