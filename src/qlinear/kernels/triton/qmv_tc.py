@@ -43,9 +43,6 @@ from .qmv_tc_x import chunk_x, unit_x
 SET_ROWS = 8
 
 
-
-
-
 @triton.jit
 def _chunk_twin(W, X, NP, row0, ccol, kbase, mrow, live, KX, stride_xm, nmask0, nmask1,
                 BITS: tl.constexpr, R: tl.constexpr, MAGIC: tl.constexpr):

@@ -46,7 +46,9 @@ def staged_x(X32, srow, M, stride32, ok, kbase, NF: tl.constexpr, R: tl.constexp
     ``srow ..``, 16 bytes a thread), dealt to the lanes by a layout conversion through shared memory.
 
     Pair ``p`` of the chunk is ``(t // HR, f, t % HR)`` in mixed radix ``(4 / HR, NF, HR)`` (``x_pairs``):
-    a reshape and a permute put lane ``4 g + t``'s ``NF`` pairs in its row; every warp along N gets a copy."""
+    a reshape and a permute put lane ``4 g + t``'s ``NF`` pairs in its row; every warp along N gets a copy.
+    The mapping holds for any R (tested); the kernel stages only R = 8, where Triton keeps the asm's operand
+    layout (``tests/test_qmv_tc_layout.py``)."""
     HR: tl.constexpr = R // 2
     P: tl.constexpr = 4 * NF
     L: tl.constexpr = 32 * WN
