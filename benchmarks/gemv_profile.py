@@ -50,7 +50,7 @@ def stream_kernel(W, PART, LOCK, Y, N, KW, NP, SPLIT_K, BLOCK_N: tl.constexpr, B
     out = tl.sum(acc.to(tl.float32), axis=0)[None, :]
     offs_m = tl.arange(0, 1)
     if SYNC:
-        store_split(Y, Y, PART, LOCK, out, offs_m, offs_n, 1, N, N, pid_n, pid_k, SPLIT_K, False, True, 1, BLOCK_N)
+        store_split(Y, Y, PART, LOCK, out, offs_m, offs_n, 1, N, N, pid_n, pid_k, SPLIT_K, False, True, 1, BLOCK_N, 1)
     else:
         tl.store(PART + pid_k * N + offs_n[None, :], out, mask=(offs_n < N)[None, :])
         if TAIL != "store":

@@ -265,16 +265,16 @@ def main() -> int:
     ap.add_argument("--ms2", default="1", help="M values for the 2-bit shapes")
     ap.add_argument("--shapes2", default="", help="shapes for 2-bit (default: --shapes)")
     ap.add_argument("--affine", default="", help="shapes for GGUF's affine runtime (float32 scale + offset per 32)")
-    ap.add_argument("--once", help="wn,wk,unit,split,prefetch,sub_zero,block_m: three calls of one config "
-                    "on the first shape (ncu)")
+    ap.add_argument("--once", help="wn,wk,unit,split,prefetch,sub_zero,block_m[,stage_x,max_registers]: three "
+                    "calls of one config on the first shape (ncu)")
     a = ap.parse_args()
     gen = torch.Generator(device=DEV).manual_seed(7)
     if a.once:
         k, n = (int(v) for v in a.shapes.split(",")[0].split("x"))
         p, _, lock, x, _ = setup(k, n, int(a.bits.split(",")[0]), int(a.m.split(",")[0]), gen)
-        wn, wk, unit, split, pre, subz, bm = (int(v) for v in a.once.split(","))
+        wn, wk, unit, split, pre, subz, bm, stage, regs = ([int(v) for v in a.once.split(",")] + [0, 0])[:9]
         c = Config("gemv_tc", bm, 32 * wn, unit * p.rows_per_block * 32 // p.bits, split, wn * wk, 1,
-                   prefetch=bool(pre), sub_zero=bool(subz))
+                   prefetch=bool(pre), sub_zero=bool(subz), stage_x=bool(stage), max_registers=regs)
         for _ in range(3):
             tc(x, p, c, lock)
         torch.cuda.synchronize()

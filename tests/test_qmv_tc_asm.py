@@ -85,7 +85,8 @@ def run_asm(asm: str, regs: list[dict[str, float | int]], bf16: bool) -> None:
 @pytest.mark.parametrize(("bits", "group", "bf16", "nb", "sub"),
                          [(4, 128, True, 1, False), (4, 32, False, 2, False), (2, 128, True, 2, False),
                           (2, 32, False, 1, False), (2, 64, True, 1, False), (4, 128, True, 2, True),
-                          (4, 32, False, 1, True), (2, 128, False, 1, True)])
+                          (4, 32, False, 1, True), (2, 128, False, 1, True),
+                          (2, 128, True, 2, True), (2, 32, True, 1, True), (2, 64, False, 2, True)])
 def test_asm_chunk_sums_match_the_codes(bits: int, group: int, bf16: bool, nb: int, sub: bool) -> None:
     """One warp, one chunk (a field block), columns 0..31: C = sum (m + q) x (with ``sub``: sum (q - z) x)
     and Cx = sum x, per the C fragment (tile 0: column 4g + c // 2; tile 1: + 2; x row 2t + c % 2; set b:

@@ -160,19 +160,21 @@ def test_gemv_prefetch_matches_oracle(case: tuple) -> None:
     assert int(layer._rt_lock.abs().sum()) == 0
 
 
-@pytest.mark.parametrize(("case", "wn", "warps", "split", "prefetch", "m", "rows"),
-                         [(GPTQ[0], 2, 2, 1, False, 1, 16), (GPTQ[1], 1, 4, 2, True, 8, 16),
-                          (GPTQ[2], 1, 2, 5, True, 3, 8), (GPTQ[3], 2, 4, 3, False, 16, 16),
-                          (GPTQ[4], 1, 2, 2, True, 9, 16), (GPTQ[5], 2, 2, 4, True, 2, 8),
-                          (GPTQ[0], 2, 2, 3, False, 21, 8)],
+@pytest.mark.parametrize(("case", "wn", "warps", "split", "prefetch", "m", "rows", "sums"),
+                         [(GPTQ[0], 2, 2, 1, False, 1, 16, 4), (GPTQ[1], 1, 4, 2, True, 8, 16, 4),
+                          (GPTQ[2], 1, 2, 5, True, 3, 8, 4), (GPTQ[3], 2, 4, 3, False, 16, 16, 1),
+                          (GPTQ[4], 1, 2, 2, True, 9, 16, 2), (GPTQ[5], 2, 2, 4, True, 2, 8, 4),
+                          (GPTQ[0], 2, 2, 3, False, 21, 8, 16)],
                          ids=lambda v: f"{v[1]}b-g{v[2]}" if isinstance(v, tuple) else str(v))
 def test_gemv_tc_tilings_match_oracle(case: tuple, wn: int, warps: int, split: int, prefetch: bool, m: int,
-                                      rows: int) -> None:
+                                      rows: int, sums: int) -> None:
     """The tensor-core GEMV's tilings (its plain-Triton twin here): warps along N and along K (their sums
     meet in shared memory), split-K over CTAs, prefetch, one or two 8-row sets per program (``rows``),
-    several programs along M (each with its own split-K counter), partial last sets."""
+    several programs along M (each with its own split-K counter), partial last sets, and the split-K
+    epilogue summing 2 to 16 rows per pass (``sum_values``)."""
     layer, w64, b64 = gptq_layer(case)
-    cfg = Config("gemv_tc", rows, 32 * wn, 4 * 32 // case[1], split, warps, 1, prefetch=prefetch)
+    cfg = Config("gemv_tc", rows, 32 * wn, 4 * 32 // case[1], split, warps, 1, prefetch=prefetch,
+                 sum_values=sums)
     x = torch.randn(m, case[6], generator=torch.Generator().manual_seed(m)).to(case[8])
     y = layer.matmul(x, config=cfg)
     assert rel_err(y, x.double().numpy() @ w64.T + b64) < TOL[case[8]]

@@ -190,13 +190,16 @@ def store_out(Y, BIAS, out, offs_m, offs_n, M, N, stride_ym, HAS_BIAS: tl.conste
 
 @triton.jit
 def store_split(Y, BIAS, PART, LOCK, out, offs_m, offs_n, M, N, stride_ym, tile, pid_k, SPLIT_K,
-                HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                SUM_ROWS: tl.constexpr):
     """Write a ``[BM, BN]`` float32 result: directly, or as split ``pid_k``'s partial; the last split of a
     tile (an acq_rel counter ``LOCK[tile]``, reset to 0 by it) sums the partials in a fixed order
-    (deterministic) and writes y. It loads up to 8 partials at once: one after another, the dependent
-    L2 round trips of 16 splits cost the last CTA ~2 us, about a sixth of an M=1 GEMV on the H200
-    (``benchmarks/gemv_profile.py``)."""
-    UNROLL: tl.constexpr = 8 if BLOCK_M * BLOCK_N <= 2048 else (4 if BLOCK_M * BLOCK_N <= 4096 else 1)
+    (deterministic) and writes y, ``SUM_ROWS`` rows at a time. It loads up to 8 partials at once: one after
+    another, the dependent L2 round trips of 16 splits cost the last CTA ~2 us, about a sixth of an M=1 GEMV
+    on the H200 (``benchmarks/gemv_profile.py``). The loads in flight set the kernel's register count, so a
+    kernel whose main loop needs few registers sums fewer rows per pass (``gemv_tc``: 216 -> 79 registers
+    with 16 rows)."""
+    UNROLL: tl.constexpr = 8 if SUM_ROWS * BLOCK_N <= 2048 else (4 if SUM_ROWS * BLOCK_N <= 4096 else 1)
     if not SPLIT:
         store_out(Y, BIAS, out, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
     else:
@@ -206,12 +209,17 @@ def store_split(Y, BIAS, PART, LOCK, out, offs_m, offs_n, M, N, stride_ym, tile,
         tl.debug_barrier()  # every thread's partial is written before the counter is released
         seen = tl.atomic_add(LOCK + tile, 1, sem="acq_rel", scope="gpu")
         if seen == SPLIT_K - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for sk in range(0, SPLIT_K, UNROLL):
-                chunk = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for u in tl.static_range(UNROLL):  # the split bound as a tensor (the interpreter's masks)
-                    live = mn & (offs_n[None, :] * 0 + sk + u < SPLIT_K)
-                    chunk += tl.load(part + (sk + u) * M * N, mask=live, other=0.0, cache_modifier=".cg")
-                total += chunk
-            store_out(Y, BIAS, total, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
+            first = tl.min(offs_m, axis=0)
+            for r0 in range(0, tl.minimum(BLOCK_M, M - first), SUM_ROWS):  # one pass's loads live at a time
+                rows = first + r0 + tl.arange(0, SUM_ROWS)
+                live = (rows < M)[:, None] & (offs_n < N)[None, :]
+                src = PART + rows[:, None] * N + offs_n[None, :]
+                total = tl.zeros((SUM_ROWS, BLOCK_N), dtype=tl.float32)
+                for sk in range(0, SPLIT_K, UNROLL):
+                    chunk = tl.zeros((SUM_ROWS, BLOCK_N), dtype=tl.float32)
+                    for u in tl.static_range(UNROLL):  # the split bound as a tensor (the interpreter's masks)
+                        ok = live & (offs_n[None, :] * 0 + sk + u < SPLIT_K)
+                        chunk += tl.load(src + (sk + u) * M * N, mask=ok, other=0.0, cache_modifier=".cg")
+                    total += chunk
+                store_out(Y, BIAS, total, rows, offs_n, M, N, stride_ym, HAS_BIAS)
             tl.atomic_xchg(LOCK + tile, 0, sem="relaxed", scope="gpu")

@@ -55,6 +55,7 @@ class Config:
     max_registers: int = 0  # > 0: cap registers per thread (ptxas .maxnreg) for more resident warps
     sub_zero: bool = False  # gemv_tc: one FMA per code pair makes q - z (no third MMA summing x)
     stage_x: bool = False  # gemv_tc: x loaded coalesced and dealt to the lanes through shared memory
+    sum_values: int = 4  # gemv_tc: partial sums per thread per split the split-K epilogue holds at once
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

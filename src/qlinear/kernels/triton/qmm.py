@@ -140,7 +140,7 @@ def qmm_kernel(X, W, S, Z, OFF, PERM, BIAS, Y, PART, LOCK,
     else:
         out = macc
     store_split(Y, BIAS, PART, LOCK, out, offs_m, offs_n, M, N, stride_ym, pid_m * tl.num_programs(1) + pid_n,
-                pid_k, SPLIT_K, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N)
+                pid_k, SPLIT_K, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N, BLOCK_M)
 
 
 @triton.jit
@@ -221,7 +221,7 @@ def qmm2_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
             a = tl.load(a_ptr + k0, mask=mrow & ((k0 + offs_k) < K)[None, :], other=0.0)
         acc = tl.dot(a, b, acc)
     store_split(Y, BIAS, PART, LOCK, acc, offs_m, offs_n, M, N, stride_ym, pid, pid_k, SPLIT_K, HAS_BIAS, SPLIT,
-                BLOCK_M, BLOCK_N)
+                BLOCK_M, BLOCK_N, BLOCK_M)
 
 
 #: the last compiled kernel launched (for resource and SASS inspection by benchmarks/gpu_check.py --sass)

@@ -124,7 +124,7 @@ def qmm3_kernel(X, W, S, Z, BIAS, Y, PART, LOCK,
             xt = tl.load(xt_ptr, mask=mcol & (xk < K)[:, None], other=0.0)
         acc = tl.dot(a, xt, acc)
     store_split(Y, BIAS, PART, LOCK, tl.trans(acc), offs_m, offs_n, M, N, stride_ym, pid_n, pid_k, SPLIT_K,
-                HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N)
+                HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N, BLOCK_M)
 
 
 def block_k3(p: Packed, block_k: int) -> int:

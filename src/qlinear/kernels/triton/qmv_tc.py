@@ -143,7 +143,8 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                   HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr, HAS_BIAS: tl.constexpr,
                   WN: tl.constexpr, WK: tl.constexpr, UNIT: tl.constexpr, NB: tl.constexpr, SPLIT: tl.constexpr,
                   EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, SUBZ: tl.constexpr,
-                  STAGE_X: tl.constexpr, USE_ASM: tl.constexpr, ASM: tl.constexpr, CONSTRAINTS: tl.constexpr):
+                  STAGE_X: tl.constexpr, SUM_ROWS: tl.constexpr, USE_ASM: tl.constexpr, ASM: tl.constexpr,
+                  CONSTRAINTS: tl.constexpr):
     """Grid ``(M / (8 NB), N / (32 WN), SPLIT_K)``: the row sets of one weight tile run side by side, so
     all but the first read its words from L2; ``WN x WK`` warps: ``WN`` strips of 32 columns, each
     walked by ``WK`` warps taking turns over the CTA's steps (their sums meet in shared memory at the end).
@@ -271,7 +272,7 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
     offs_m = pid_m * ROWS + tl.arange(0, ROWS)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     store_split(Y, BIAS, PART, LOCK, out, offs_m, offs_n, M, N, stride_ym, pid_m * tl.num_programs(1) + pid_n,
-                pid_k, SPLIT_K, HAS_BIAS, SPLIT, ROWS, BLOCK_N)
+                pid_k, SPLIT_K, HAS_BIAS, SPLIT, ROWS, BLOCK_N, SUM_ROWS)
 
 
 def capability(device: torch.device) -> tuple[int, int] | None:
@@ -297,6 +298,10 @@ def tc_reasons(p: Packed, m: int, dtype: torch.dtype, capability: tuple[int, int
     if dtype not in (torch.float16, torch.bfloat16):
         out.append(f"activation dtype {dtype} (float16 / bfloat16 only)")
     return out
+
+
+def _pow2_floor(v: int) -> int:
+    return 1 << (v.bit_length() - 1)
 
 
 def units(p: Packed, block_k: int) -> int:
@@ -333,6 +338,7 @@ def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, 
     wn = max(1, min(warps, cfg.block_n // 32))
     tiles_n = triton.cdiv(p.n, 32 * wn)
     nb = 2 if m > SET_ROWS and cfg.block_m > SET_ROWS else 1
+    sum_rows = min(SET_ROWS * nb, _pow2_floor(max(1, cfg.sum_values * 32 * warps // (32 * wn))))
     tiles_m = triton.cdiv(m, SET_ROWS * nb)
     split = max(1, min(cfg.split_k, nch // unit)) if lock is not None and tiles_n * tiles_m <= lock.numel() else 1
     part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
@@ -346,7 +352,7 @@ def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, 
         GS=p.group, BITS=p.bits, R=p.rows_per_block, ZC=p.zero_const, HAS_Z=p.zeros is not None,
         HAS_OFF=p.offsets is not None, HAS_BIAS=bias is not None, WN=wn, WK=warps // wn, UNIT=unit, NB=nb,
         SPLIT=split > 1, EVEN_K=kx == p.kp, EVEN_N=p.np % (32 * wn) == 0, PREFETCH=cfg.prefetch, SUBZ=subz,
-        STAGE_X=cfg.stage_x,
+        STAGE_X=cfg.stage_x, SUM_ROWS=sum_rows,
         USE_ASM=use_asm, ASM=asm, CONSTRAINTS=MMA_CONSTRAINTS, num_warps=warps, num_stages=1,
         **({"maxnreg": cfg.max_registers} if cfg.max_registers and use_asm else {}))
     return y

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import functools
 
+#: 0.25 twice (bf16x2 / f16x2): a code read in place at bits 2-3 of its byte is ``m + 4 q``
+QUARTER = {"bf16": "0x3E803E80", "f16": "0x34003400"}
+#: 3 m / 4 twice (96 for bf16's m = 128, 768 for f16's 1024): turns ``-(m + z)`` into ``-(m / 4 + z)``
+THREE_QUARTERS_MAGIC = {"bf16": "0x42C042C0", "f16": "0x62006200"}
+
 
 @functools.cache
 def mma_asm(bits: int, nf: int, bf16: bool, nb: int, sub: bool = False, cx: bool = True) -> str:
@@ -16,7 +21,8 @@ def mma_asm(bits: int, nf: int, bf16: bool, nb: int, sub: bool = False, cx: bool
     rows (4 columns), ``$32 + 16b + f`` the x pair of local field ``f`` for set ``b``, ``$64 + 12b + ...`` C
     in, ``$88..$91`` per column the pair ``-(m + z)``. ``nf`` fields per word are used, two per K16 step:
     ``nf / 2`` steps of two MMAs per set, plus one with A = 1 for Cx when ``cx``. With ``sub`` each pair
-    becomes ``q - z`` (one exact FMA) so C needs no ``(m + z) Cx`` correction.
+    becomes ``q - z`` (one exact FMA) so C needs no ``(m + z) Cx`` correction; 2-bit codes 1 and 3 of a
+    byte are then masked in place (``m + 4 q``, exact) and the FMA scales by 1/4: one shift per byte, not three.
     """
     magic = "0x43004300" if bf16 else "0x64006400"
     one = "0x3F803F80" if bf16 else "0x3C003C00"
@@ -24,16 +30,29 @@ def mma_asm(bits: int, nf: int, bf16: bool, nb: int, sub: bool = False, cx: bool
     mask = "0x000F000F" if bits == 4 else "0x00030003"
     per_byte = 8 // bits
     lines = ["{", ".reg .b32 t, u, one;", f".reg .b32 p<{4 * nf}>;", f"mov.b32 one, {one};"]
+    quad = bits == 2 and sub  # 2-bit codes 1 and 3 of a byte taken in place (as 4 q), scaled back by the FMA
+    if quad:
+        lines += [".reg .b32 quarter, three, zq<4>;", f"mov.b32 quarter, {QUARTER[ty]};",
+                  f"mov.b32 three, {THREE_QUARTERS_MAGIC[ty]};"]
+        lines += [f"fma.rn.{ty}x2 zq{c}, ${88 + c}, one, three;" for c in range(4)]  # -(m / 4 + z)
     for c in range(4):
         for x in range(nf // per_byte):
             sel = x | x << 4 | (4 + x) << 8 | (4 + x) << 12
             lines.append(f"prmt.b32 t, ${24 + c}, ${28 + c}, {sel:#06x};")
             for i in range(per_byte):
+                reg = f"p{c * nf + per_byte * x + i}"
+                if quad:
+                    if i == 2:
+                        lines.append("shr.u32 u, t, 4;")
+                    src, in_place = ("t" if i < 2 else "u"), i % 2 == 1
+                    lines.append(f"lop3.b32 {reg}, {src}, {'0x000C000C' if in_place else mask}, {magic}, 0xEA;")
+                    scale, add = ("quarter", f"zq{c}") if in_place else ("one", f"${88 + c}")
+                    lines.append(f"fma.rn.{ty}x2 {reg}, {reg}, {scale}, {add};")
+                    continue
                 src = "t"
                 if i:
                     lines.append(f"shr.u32 u, t, {bits * i};")
                     src = "u"
-                reg = f"p{c * nf + per_byte * x + i}"
                 lines.append(f"lop3.b32 {reg}, {src}, {mask}, {magic}, 0xEA;")
                 if sub:
                     lines.append(f"fma.rn.{ty}x2 {reg}, {reg}, one, ${88 + c};")
