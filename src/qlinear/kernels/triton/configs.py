@@ -139,13 +139,17 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         return Config("gemv", min(4, m_bucket(m)), 128 * warps, bk, split, warps, 2)
     if variant == "gemv_tc":  # 4 warps side by side (128 columns), 4 field blocks a step, ~28 warps per SM
         # (the H200 sweep's winners: results/h200-gemv_tc-2026-12-02-second.md); at most 32 splits; the zero
-        # subtracted per pair, and above 4 rows x staged through shared memory (results/...-2026-12-03-fifth.md)
+        # subtracted per pair, and above 4 rows x staged through shared memory (results/...-2026-12-03-fifth.md).
+        # Above 8 rows one program takes both row sets: 4-bit with one field block a step under a 72-register
+        # cap, 2-bit 2 warps x 2 blocks (results/h200-gemv_tc_table-2026-12-03-caps.md)
         ck = 8 * pf
-        tiles = -(-n // 128)
-        units = max(1, k // (4 * ck))
-        want = max(1, -(-sms * 28 // (tiles * 4)))
+        warps, unit, regs = (4, 4, 0) if m <= 8 else ((4, 1, 72) if bits == 4 else (2, 2, 0))
+        tiles = -(-n // (32 * warps))
+        units = max(1, k // (unit * ck))
+        want = max(1, -(-sms * 28 // (tiles * warps)))
         split = min(32, units, 1 << (want.bit_length() - 1))
-        return Config("gemv_tc", 16 if m > 8 else 8, 128, 4 * ck, split, 4, 1, sub_zero=True, stage_x=m > 4)
+        return Config("gemv_tc", 16 if m > 8 else 8, 32 * warps, unit * ck, split, warps, 1, max_registers=regs,
+                      sub_zero=True, stage_x=m > 4)
     if variant == "skinny":  # 64 columns x 4 warps: the dequantized tile feeds mma straight from registers
         bn = 64 if n >= 64 else 32
         nkb = -(-k // 128)
