@@ -45,10 +45,10 @@ def neighbours(c: Config, m: int, ck: int) -> list[Config]:
     return [v for v in dict.fromkeys(out) if v != c]
 
 
-def grid16(c: Config, ck: int) -> list[Config]:
+def grid16(c: Config, ck: int, wns: tuple[int, ...] = (2, 4)) -> list[Config]:
     """``--grid16``: two-row-set configs over warps, chunks per step, prefetch, register cap and split."""
     out = []
-    for wn in (2, 4):
+    for wn in wns:
         for unit in (1, 2):
             for pre in (False, True):
                 for regs in (64, 72, 80):
@@ -60,7 +60,7 @@ def grid16(c: Config, ck: int) -> list[Config]:
 
 
 def run(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Generator, with_peers: bool,
-        wide: bool = False) -> dict:
+        wide: tuple[int, ...] = ()) -> dict:
     p, ps, lock, _, _ = setup(k, n, bits, 1, gen)
     peers = peer_fns(p, len(ps)) if with_peers and bits == 4 else {}
     ck = p.rows_per_block * (32 // p.bits)
@@ -70,7 +70,7 @@ def run(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Generato
         ref = (x.float() @ dense_t(p, torch.float32)).float()
         ship = config(p, m, "gemv_tc")
         rows = []
-        for c in [ship, *(grid16(ship, ck) if wide and m > 8 else neighbours(ship, m, ck))]:
+        for c in [ship, *(grid16(ship, ck, wide) if wide and m > 8 else neighbours(ship, m, ck))]:
             us = checked_time(x, ref, ps, c, lock, reps)
             if us is not None:
                 rows.append((us, c))
@@ -95,7 +95,8 @@ def main() -> int:
     ap.add_argument("--m", default="1,4,8,16")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--peers", action="store_true", help="time Marlin, Machete and tinygemm (4-bit) beside")
-    ap.add_argument("--grid16", action="store_true", help="at M > 8 time a wider two-row-set grid instead")
+    ap.add_argument("--grid16", default="", help="warps along N (e.g. 2,4): at M > 8 time a wider two-row-set "
+                    "grid instead of the neighbours")
     a = ap.parse_args()
     gen = torch.Generator(device=DEV).manual_seed(0)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}\n")
@@ -105,7 +106,8 @@ def main() -> int:
     for bits in (int(b) for b in a.bits.split(",")):
         for shape in a.shapes.split(","):
             k, n = (int(v) for v in shape.split("x"))
-            found.update(run(k, n, bits, [int(v) for v in a.m.split(",")], a.reps, gen, a.peers, a.grid16))
+            found.update(run(k, n, bits, [int(v) for v in a.m.split(",")], a.reps, gen, a.peers,
+                             tuple(int(v) for v in a.grid16.split(",") if v)))
     print("\n```json\n" + json.dumps(found, indent=1) + "\n```")
     return 0
 
