@@ -5,7 +5,8 @@ A config is chosen per call from the flattened row count M. Variants, each with 
 * ``gemv_tc`` 2/4-bit, M <= 16, sm_80+: the decode GEMV on ``mma.sync`` tensor cores (weights as A, up to 8
   activation rows as B, ``qmv_tc.py``); ``block_n = 32 x`` warps along N, the other warps split K inside the
   CTA, ``block_k`` codes per step, ``block_m`` 16 shares each dequantized chunk between two 8-row sets;
-  ``sub_zero`` subtracts the zero per code pair, ``stage_x`` deals x to the lanes through shared memory.
+  ``sub_zero`` subtracts the zero per code pair, ``stage_x`` deals x to the lanes through shared memory,
+  ``sum_values`` bounds the split-K tail's loads in flight (its registers are the kernel's peak).
 * ``gemv``   split-K, multiply-reduce on CUDA cores, 1, 2 or 4 rows per program (``block_m``; rows share
   each dequantized weight): memory bound, decode.
 * ``skinny`` split-K, ``tl.dot`` with a 16-row tile (M <= 16..64).
