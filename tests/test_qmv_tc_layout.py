@@ -26,7 +26,9 @@ CASES = [(4, 8, 2, 1, 4, 1, False, True, False, True), (4, 8, 2, 1, 4, 1, False,
          (4, 4, 4, 1, 4, 1, False, True, True, True), (2, 2, 2, 1, 2, 1, True, True, True, True),
          (2, 4, 2, 1, 4, 1, False, True, True, True), (4, 8, 2, 2, 2, 1, False, False, True, True),
          (4, 8, 2, 1, 4, 1, False, True, True, False), (4, 8, 4, 1, 2, 2, True, True, True, False),
-         (2, 8, 1, 1, 2, 1, False, False, True, False), (4, 4, 2, 1, 2, 1, False, True, False, False)]
+         (2, 8, 1, 1, 2, 1, False, False, True, False), (4, 4, 2, 1, 2, 1, False, True, False, False),
+         (4, 8, 4, 1, 1, 2, False, True, True, True), (2, 8, 2, 1, 1, 2, False, True, True, True),
+         (2, 8, 2, 1, 2, 2, False, True, True, False)]  # the last three: M=16 as shipped (both row sets staged)
 
 
 @pytest.mark.slow
