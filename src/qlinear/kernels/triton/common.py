@@ -197,7 +197,7 @@ def store_split(Y, BIAS, PART, LOCK, out, offs_m, offs_n, M, N, stride_ym, tile,
     (deterministic) and writes y, ``SUM_ROWS`` rows at a time. It loads up to 8 partials at once: one after
     another, the dependent L2 round trips of 16 splits cost the last CTA ~2 us, about a sixth of an M=1 GEMV
     on the H200 (``benchmarks/gemv_profile.py``). The loads in flight set the kernel's register count, so a
-    kernel whose main loop needs few registers sums fewer rows per pass (``gemv_tc``: 216 -> 79 registers
+    kernel whose main loop needs few registers sums fewer rows per pass (``gemv_tc``: 216 -> 70-132 registers
     with 16 rows)."""
     UNROLL: tl.constexpr = 8 if SUM_ROWS * BLOCK_N <= 2048 else (4 if SUM_ROWS * BLOCK_N <= 4096 else 1)
     if not SPLIT:
