@@ -38,3 +38,20 @@ def test_cpu_linear_crossover() -> None:
         torch.set_num_threads(threads)
     assert "| 256x128 | 40 |" in text and "INT8PACK_MAX_M = " in text
     assert "INT4PACK_MAX_M = " in text or "INT4PACK_MAX_M_NATIVE = " in text
+
+
+def test_hbm_read_kernel_reads_every_word_once() -> None:
+    """The roofline's read probe (``benchmarks/hbm_read.py``), interpreted: its per-program sums add up to the
+    sum of the words, for a size that is not a multiple of a program's block."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; sys.path.insert(0, 'benchmarks'); from hbm_read import stream_sum; "
+            "x = torch.randint(-1000, 1000, (3 * 2048 * 5 + 44,), dtype=torch.int32, generator=torch.Generator()"
+            ".manual_seed(0)); s = stream_sum(x.view(torch.uint8), 3, 2048); "
+            "assert int(s.sum()) == int(x.sum()), (int(s.sum()), int(x.sum())); print('ok')")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=BENCHMARKS.parent, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
