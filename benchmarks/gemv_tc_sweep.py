@@ -254,14 +254,19 @@ def affine(k: int, n: int, reps: int, gen: torch.Generator) -> None:
           f"{bf16 / best:.2f}x | {t_ship / best:.2f}x | {top} |", flush=True)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def shape_args(ap: argparse.ArgumentParser) -> None:
+    """The options every gemv_tc timing script takes: shapes, bits, row counts, repetitions, peers."""
     ap.add_argument("--shapes", default="4096x14336,8192x28672,4096x4096,14336x4096")
     ap.add_argument("--bits", default="4,2")
     ap.add_argument("--m", default="1,4,8,16")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--peers", action="store_true", help="time Marlin / Machete / tinygemm beside (4-bit)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    shape_args(ap)
+    ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--ms2", default="1", help="M values for the 2-bit shapes")
     ap.add_argument("--shapes2", default="", help="shapes for 2-bit (default: --shapes)")
     ap.add_argument("--affine", default="", help="shapes for GGUF's affine runtime (float32 scale + offset per 32)")

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gemv_sweep import setup
-from gemv_tc_sweep import best_peer, checked_time, entry, fmt, peer_fns
+from gemv_tc_sweep import best_peer, checked_time, entry, fmt, peer_fns, shape_args
 from gpu_linear import DEV, config, timed
 from qlinear.kernels.triton import configs
 from qlinear.kernels.triton.configs import Config
@@ -90,11 +90,7 @@ def run(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Generato
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default="4096x14336,8192x28672,4096x4096,14336x4096")
-    ap.add_argument("--bits", default="4,2")
-    ap.add_argument("--m", default="1,4,8,16")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--peers", action="store_true", help="time Marlin, Machete and tinygemm (4-bit) beside")
+    shape_args(ap)
     ap.add_argument("--grid16", default="", help="warps along N (e.g. 2,4): at M > 8 time a wider two-row-set "
                     "grid instead of the neighbours")
     a = ap.parse_args()
