@@ -301,6 +301,7 @@ def tc_reasons(p: Packed, m: int, dtype: torch.dtype, capability: tuple[int, int
 
 
 def _pow2_floor(v: int) -> int:
+    """The largest power of two <= v (tile sizes are powers of two)."""
     return 1 << (v.bit_length() - 1)
 
 
@@ -338,7 +339,8 @@ def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, 
     wn = max(1, min(warps, cfg.block_n // 32))
     tiles_n = triton.cdiv(p.n, 32 * wn)
     nb = 2 if m > SET_ROWS and cfg.block_m > SET_ROWS else 1
-    sum_rows = min(SET_ROWS * nb, _pow2_floor(max(1, cfg.sum_values * 32 * warps // (32 * wn))))
+    # rows the split-K tail sums per pass: sum_values partials a thread, 32 warps threads over 32 wn columns
+    sum_rows = min(SET_ROWS * nb, _pow2_floor(max(1, cfg.sum_values * warps // wn)))
     tiles_m = triton.cdiv(m, SET_ROWS * nb)
     split = max(1, min(cfg.split_k, nch // unit)) if lock is not None and tiles_n * tiles_m <= lock.numel() else 1
     part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
