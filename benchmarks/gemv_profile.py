@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gemv_sweep import setup
 from gpu_linear import DEV, config, copies, copy_bandwidth, our_weight, timed
+from hbm_read import flat_read
 from qlinear.kernels.triton import configs
 from qlinear.kernels.triton.common import load_words, store_split
 from qlinear.kernels.triton.configs import Config
@@ -61,23 +62,9 @@ def stream_kernel(W, PART, LOCK, Y, N, KW, NP, SPLIT_K, BLOCK_N: tl.constexpr, B
             tl.atomic_add(LOCK + pid_n, 1, sem="acq_rel", scope="gpu")
 
 
-@triton.jit
-def flat_kernel(W, OUT, NUMEL, PER, BLOCK: tl.constexpr):
-    """A contiguous read of ``PER`` words per program (the best pattern for the bytes): the ceiling."""
-    pid = tl.program_id(0)
-    acc = tl.zeros((BLOCK,), dtype=tl.int32)
-    for i in range(pid * PER, tl.minimum(pid * PER + PER, NUMEL), BLOCK):
-        offs = i + tl.arange(0, BLOCK)
-        acc ^= tl.load(W + offs, mask=offs < NUMEL, other=0)
-    tl.store(OUT + pid, tl.sum(acc, axis=0))
-
-
 def flat_fns(ps: list, programs: int, block: int, warps: int) -> list:
-    numel = ps[0].qweight.numel()
-    per = -(-numel // programs // block) * block
     out = torch.empty(programs, dtype=torch.int32, device=DEV)
-    return [lambda x, q=q: flat_kernel[(programs,)](q.qweight, out, numel, per, BLOCK=block, num_warps=warps)
-            for q in ps]
+    return [lambda x, q=q: flat_read(q.qweight, out, block, warps) for q in ps]
 
 
 def grids(p, cap_waves: int = 48) -> list[Config]:
