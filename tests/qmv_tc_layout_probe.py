@@ -23,13 +23,13 @@ POINTERS = {"X": "*bf16", "W": "*i32", "S": "*fp16", "Z": "*u8", "OFF": "*fp32",
 
 
 def asm_layouts(bits: int, r: int, wn: int, wk: int, unit: int, nb: int, prefetch: bool, subz: bool,
-                stage: bool, x_aligned: bool) -> list[str]:
+                stage: bool, x_aligned: bool, striped: bool = False) -> list[str]:
     """``x_aligned``: x's row stride and length specialised as multiples of 16 (Triton does so when they
-    are); the padded N (``NP``) always is."""
+    are); the padded N (``NP``) always is. ``striped``: strip-major words (``layout.stripe``)."""
     nf = (32 // bits) * r // 8
     consts = dict(GS=r * (32 // bits), BITS=bits, R=r, ZC=1 << (bits - 1), HAS_Z=False, HAS_OFF=False,
                   HAS_BIAS=False, WN=wn, WK=wk, UNIT=unit, NB=nb, SPLIT=True, EVEN_K=True, EVEN_N=True,
-                  PREFETCH=prefetch, SUBZ=subz, STAGE_X=stage, SUM_ROWS=4, USE_ASM=True,
+                  PREFETCH=prefetch, SUBZ=subz, STAGE_X=stage, SUM_ROWS=4, STRIPED=striped, USE_ASM=True,
                   ASM=mma_asm(bits, nf, True, nb, subz, not subz), CONSTRAINTS=MMA_CONSTRAINTS)
     names = qmv_tc_kernel.arg_names
     sig = {a: "constexpr" if a in consts else POINTERS.get(a, "i32") for a in names}

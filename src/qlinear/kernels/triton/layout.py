@@ -29,6 +29,8 @@ from .configs import CHANNELWISE
 
 N_ALIGN = 16
 MAX_BLOCK_ROWS = 8
+#: columns per strip of the strip-major words (``stripe``): one warp's span in gemv_tc
+STRIP = 32
 
 
 @dataclass(frozen=True)
@@ -48,13 +50,23 @@ class Packed:
     offsets: torch.Tensor | None = None
 
     @property
+    def striped(self) -> bool:
+        """Words stored strip-major (``[NP / 32, KW, 32]``, ``stripe``): gemv_tc only."""
+        return self.qweight.dim() == 3
+
+    @property
+    def kw(self) -> int:
+        """Word rows."""
+        return self.qweight.shape[-2] if self.striped else self.qweight.shape[0]
+
+    @property
     def kp(self) -> int:
         """Sorted (and padded) rows: a multiple of ``rows_per_block * 32 // bits``."""
-        return self.qweight.shape[0] * (32 // self.bits)
+        return self.kw * (32 // self.bits)
 
     @property
     def np(self) -> int:
-        return self.qweight.shape[1]
+        return self.qweight.shape[0] * STRIP if self.striped else self.qweight.shape[1]
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
         return {"qweight": self.qweight, "scales": self.scales, "zeros": self.zeros, "perm": self.perm,
@@ -156,3 +168,19 @@ def build_affine32(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Ten
     o = torch.zeros(g, p.np, dtype=torch.float32, device=codes.device)
     o[:, :n] = offsets.t().float()
     return Packed(p.qweight, p.scales, None, p.perm, bits, k, n, p.group, 0, p.rows_per_block, offsets=o)
+
+
+def stripe(p: Packed) -> Packed:
+    """The same layout with the words strip-major: ``[NP / 32, KW, 32]``, each 32-column strip's word rows
+    contiguous, so a gemv_tc warp's step (its strip's rows of a few field blocks) is one contiguous run of
+    DRAM instead of 128-byte pieces ``4 NP`` bytes apart. Scales, zeros and offsets keep ``NP`` (padded to 32)."""
+    if p.striped:
+        return p
+    npad = _round_up(p.np, STRIP)
+    pad = npad - p.np
+    t = {name: (None if v is None or name == "perm" else torch.nn.functional.pad(v, (0, pad)))
+         for name, v in p.tensors().items()} if pad else dict(p.tensors())
+    t["perm"] = p.perm
+    w = t["qweight"]
+    t["qweight"] = w.reshape(w.shape[0], npad // STRIP, STRIP).transpose(0, 1).contiguous()
+    return Packed(t["qweight"], t["scales"], t["zeros"], t["perm"], *p.meta(), offsets=t["offsets"])
