@@ -127,7 +127,7 @@ def stream_fns(ps: list, cfg, sync: bool, tail: str = "store") -> list:
     bkw = cfg.block_k * ps[0].bits // 32
 
     def fn(_x, q):
-        stream_kernel[grid](q.qweight, part, lock, y, n, q.qweight.shape[0], q.np, cfg.split_k,
+        stream_kernel[grid](q.qweight, part, lock, y, n, q.kw, q.np, cfg.split_k,
                             BLOCK_N=cfg.block_n, BKW=bkw, SYNC=sync, TAIL=tail, num_warps=cfg.num_warps,
                             num_stages=2)
     return [lambda x, q=q: fn(x, q) for q in ps]

@@ -86,9 +86,10 @@ def gptq_qweight(p: Packed) -> torch.Tensor:
     row ``(w // R) * R * PF + j * R + w % R``), so handing them to a peer multiplies a different weight."""
     assert p.perm is None and p.bits == 4 and p.np == p.n
     pf, r = 32 // p.bits, p.rows_per_block
-    kw, n = p.qweight.shape
-    shifts = torch.arange(0, 32, p.bits, device=p.qweight.device).view(1, pf, 1)
-    fields = (p.qweight.unsqueeze(1) >> shifts) & ((1 << p.bits) - 1)  # [KW, PF, N]: field j of word row w
+    words = p.words_kn()
+    kw, n = words.shape
+    shifts = torch.arange(0, 32, p.bits, device=words.device).view(1, pf, 1)
+    fields = (words.unsqueeze(1) >> shifts) & ((1 << p.bits) - 1)  # [KW, PF, N]: field j of word row w
     codes = fields.reshape(kw // r, r, pf, n).transpose(1, 2).reshape(kw * pf, n)  # sorted row order
     return pack_words(codes.to(torch.uint8), p.bits, 1)
 

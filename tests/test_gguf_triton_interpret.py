@@ -168,7 +168,8 @@ def affine_layer(qtype: G.GGMLType, n: int, k: int) -> tuple[GGUFTritonKernel, n
 @pytest.mark.parametrize("qtype", AFFINE_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize(("variant", "m", "dtype"), [("gemv", 3, torch.float16), ("gemv4", 5, torch.bfloat16),
                                                      ("skinny2", 7, torch.bfloat16), ("gemm2", 37, torch.float16),
-                                                     ("dense", 9, torch.bfloat16)])
+                                                     ("dense", 9, torch.bfloat16), ("gemv_tc", 9, torch.float16),
+                                                     ("gemv_tc1", 1, torch.bfloat16)])
 def test_affine_runtime_variants_match_oracle(qtype: G.GGMLType, variant: str, m: int, dtype: torch.dtype) -> None:
     """K = 600: a partial 32-group (and for Q4_K a partial super-block) at the end; N = 37: odd columns."""
     from qlinear.kernels.triton.configs import Config
@@ -177,7 +178,9 @@ def test_affine_runtime_variants_match_oracle(qtype: G.GGMLType, variant: str, m
     assert lay.affine_packed() is not None and lay.affine_packed().offsets is not None
     cfg = {"gemv": Config("gemv", 1, 32, 32, 3, 4, 1), "gemv4": Config("gemv", 4, 32, 32, 3, 4, 1),  # 4 rows a program
            "skinny2": Config("skinny2", 16, 32, 32, 2, 4, 1),
-           "gemm2": Config("gemm2", 32, 32, 32, 3, 4, 1), "dense": Config("dense", 1, 32, 32, 1, 4, 1)}[variant]
+           "gemm2": Config("gemm2", 32, 32, 32, 3, 4, 1), "dense": Config("dense", 1, 32, 32, 1, 4, 1),
+           "gemv_tc": Config("gemv_tc", 16, 32, 32, 3, 2, 1, prefetch=True),  # 2 row sets, 2 warps along K
+           "gemv_tc1": Config("gemv_tc", 8, 64, 32, 2, 2, 1)}[variant]
     x = torch.randn(m, 600, generator=torch.Generator().manual_seed(m)).to(dtype)
     y = lay.matmul(x, config=cfg)
     ref = x.double().numpy() @ w64.T + b64
@@ -203,6 +206,18 @@ def test_affine_runtime_forward_picks_gptq_variants_and_keeps_float32_on_blocks(
 
         qmm(x.half(), lay.affine_packed(), Config("skinny", 16, 32, 64, 1, 4, 1))
     assert affine_layer(G.GGMLType.Q4_K, 37, 600)[0].state_dict().keys() == {"qweight", "bias"}  # blocks only
+
+
+def test_q4_k_runtime_keeps_its_sub_scales_as_bytes() -> None:
+    """Q4_K's runtime: uint8 sub-scales and mins per 32 and a float32 (d, -dmin) per 256 (K = 600: 19 groups,
+    3 super-groups), so its parameters take ~2 bytes per 32 weights instead of the float32 pair's 8."""
+    lay, _, _ = affine_layer(G.GGMLType.Q4_K, 37, 600)
+    p = lay.affine_packed()
+    assert p.scales.dtype == torch.uint8 and p.offsets.dtype == torch.uint8 and p.scales.shape[0] == 19
+    assert p.supers is not None and p.supers.dtype == torch.float32 and tuple(p.supers.shape) == (6, p.np)
+    assert int(p.scales.max()) < 64 and int(p.offsets.max()) < 64  # 6-bit fields
+    q41 = affine_layer(G.GGMLType.Q4_1, 37, 600)[0].affine_packed()
+    assert q41.supers is None and q41.scales.dtype == torch.float32
 
 
 def test_affine_runtime_is_only_for_affine_4bit_types() -> None:

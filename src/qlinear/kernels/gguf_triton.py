@@ -40,7 +40,7 @@ MAX_DENSE = 1 << 26
 #: 4-bit types whose blocks are ``scale * code + offset`` over runs of 32: ``affine_runtime`` runs them on the
 #: GPTQ kernels
 AFFINE_RUNNABLE = frozenset({T.Q4_0, T.Q4_1, T.Q4_K})
-AFFINE_BUFFERS = ("_af_qweight", "_af_scales", "_af_offsets", "_af_perm")
+AFFINE_BUFFERS = ("_af_qweight", "_af_scales", "_af_offsets", "_af_supers", "_af_perm")
 
 
 class GGUFTritonKernel(GGUFQuantLinear):
@@ -73,12 +73,16 @@ class GGUFTritonKernel(GGUFQuantLinear):
         self._rt_lock = torch.zeros(64 * -(-n // 16), dtype=torch.int32, device=self.qweight.device)
         self._af_meta = None
         if self.affine_runtime and self.qtype in AFFINE_RUNNABLE:
-            from ..layouts.gguf.affine32 import affine32
-            from .triton.layout import build_affine32
+            from ..layouts.gguf.affine32 import affine32, kquant_parts
+            from .triton.layout import build_affine32, build_kquant
 
             k, g = self.in_features, -(-self.in_features // 32)
-            codes, scale, offset = affine32(self.qweight, self.qtype.name, k)
-            p = build_affine32(codes[:, :k], scale[:, :g], offset[:, :g])
+            if self.qtype == T.Q4_K:  # uint8 sub-scales and mins per 32, float32 d and -dmin per 256
+                codes, sc, mins, d, dmin = kquant_parts(self.qweight, "Q4_K", k)
+                p = build_kquant(codes[:, :k], sc[:, :g], mins[:, :g], d[:, :-(-g // 8)], dmin[:, :-(-g // 8)])
+            else:
+                codes, scale, offset = affine32(self.qweight, self.qtype.name, k)
+                p = build_affine32(codes[:, :k], scale[:, :g], offset[:, :g])
             for name, t in p.tensors().items():
                 if name != "zeros":
                     setattr(self, f"_af_{name}", t)
@@ -92,7 +96,7 @@ class GGUFTritonKernel(GGUFQuantLinear):
         if self._af_meta is None:
             return None
         return Packed(self._af_qweight, self._af_scales, None, self._af_perm, *self._af_meta,
-                      offsets=self._af_offsets)
+                      offsets=self._af_offsets, supers=self._af_supers)
 
     def affine_matmul(self, x2: torch.Tensor, p: Any, variant: str | None, config: Any) -> torch.Tensor:
         """``x2 @ W^T + bias`` on the GPTQ kernels (variants gemv_tc, gemv, skinny2, gemm2, dense: the ones with

@@ -167,7 +167,7 @@ class TritonQuantMixin:
 
         name, sms = device_facts(device.index or 0) if device.type == "cuda" else ("interpreter", 4)
         bits, k, n, group = self._rt_meta[:4]  # type: ignore[index]
-        kp = self._rt_qweight.shape[0] * (32 // bits)
+        kp = self.packed().kp
         cfg = choose(name, sms, m, n, k, bits, group, variant)
         if cfg.variant == "gemv_tc" and variant is None and tc_unfit(self.packed(), m, self.dtype, device):
             cfg = choose(name, sms, m, n, k, bits, group, exclude=("gemv_tc",))

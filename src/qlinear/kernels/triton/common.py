@@ -18,11 +18,18 @@ def kpos(j, rows, R: tl.constexpr, PF: tl.constexpr):
     return (rows // R) * (R * PF) + j * R + rows % R
 
 
+#: groups per super-scale (``layout.build_kquant``: K-quants' 256-value super-blocks of 32-value groups)
+SUPER_GROUPS = tl.constexpr(8)
+
+
 @triton.jit
-def load_group(S, Z, OFF, off, ok, BLOCK_N: tl.constexpr, ZC: tl.constexpr, HAS_Z: tl.constexpr,
-               HAS_OFF: tl.constexpr):
-    """Scale, zero point and offset (float32) at element offsets ``off`` of the ``[G, NP]`` tensors; the zero
-    is the constant ``ZC`` without a zeros tensor, the offset 0 without ``HAS_OFF``."""
+def load_group(S, Z, OFF, SUP, g, cols, NP, ok, BLOCK_N: tl.constexpr, ZC: tl.constexpr, HAS_Z: tl.constexpr,
+               HAS_OFF: tl.constexpr, HAS_SUP: tl.constexpr):
+    """Scale, zero point and offset (float32) of groups ``g`` at columns ``cols`` of the ``[G, NP]`` tensors; the
+    zero is the constant ``ZC`` without a zeros tensor, the offset 0 without ``HAS_OFF``. ``HAS_SUP``: the
+    scales and offsets are small integers (uint8) times their super-group's float32 pair in ``SUP``
+    (``[G / 8, 2, NP]``: ``d``, ``-dmin``), products exact in float32."""
+    off = g * NP + cols
     s = tl.load(S + off, mask=ok, other=0.0).to(tl.float32)
     if HAS_Z:  # noqa: SIM108 (constexpr branch)
         z = tl.load(Z + off, mask=ok, other=0).to(tl.float32)
@@ -32,13 +39,17 @@ def load_group(S, Z, OFF, off, ok, BLOCK_N: tl.constexpr, ZC: tl.constexpr, HAS_
         o = tl.load(OFF + off, mask=ok, other=0.0).to(tl.float32)
     else:
         o = tl.zeros([1, BLOCK_N], tl.float32)
+    if HAS_SUP:
+        sup = (g // SUPER_GROUPS) * (2 * NP) + cols
+        s = s * tl.load(SUP + sup, mask=ok, other=0.0)
+        o = o * tl.load(SUP + sup + NP, mask=ok, other=0.0)
     return s, z, o
 
 
 @triton.jit
-def group_params(S, Z, OFF, rows, row0, offs_n, G, NP, GS, PF: tl.constexpr, R: tl.constexpr,
+def group_params(S, Z, OFF, SUP, rows, row0, offs_n, G, NP, GS, PF: tl.constexpr, R: tl.constexpr,
                  BLOCK_N: tl.constexpr, ZC: tl.constexpr, HAS_Z: tl.constexpr, ONE_GROUP: tl.constexpr,
-                 EVEN_N: tl.constexpr, HAS_OFF: tl.constexpr = False):
+                 EVEN_N: tl.constexpr, HAS_OFF: tl.constexpr, HAS_SUP: tl.constexpr):
     """Scale, zero point and additive offset (float32) of word rows ``rows`` (first one ``row0``).
 
     ``[1, BN]`` when the step lies in one group, else ``[BKW, BN]`` gathered per word row (a word's
@@ -51,12 +62,11 @@ def group_params(S, Z, OFF, rows, row0, offs_n, G, NP, GS, PF: tl.constexpr, R: 
     if ONE_GROUP:
         g = kpos(0, row0, R, PF) // GS
         ok = nmask[None, :]
-        off = g * NP + cols[None, :]
     else:
         g = kpos(0, rows, R, PF) // GS
         ok = (g < G)[:, None] & nmask[None, :]
-        off = g[:, None] * NP + cols[None, :]
-    return load_group(S, Z, OFF, off, ok, BLOCK_N, ZC, HAS_Z, HAS_OFF)
+        g = g[:, None]
+    return load_group(S, Z, OFF, SUP, g, cols[None, :], NP, ok, BLOCK_N, ZC, HAS_Z, HAS_OFF, HAS_SUP)
 
 
 @triton.jit

@@ -17,6 +17,10 @@
 * ``NP`` is N rounded up to 16: every row 64-byte aligned (vector loads, no N mask on whole tiles).
 * ``offsets [G, NP]`` float32, only for weights ``s * q + o`` with a float ``o`` (GGUF's Q4_1/Q4_K minimums,
   ``build_affine32``); then zeros are the constant 0 and the kernels add ``o`` per group.
+* ``supers [2 ceil(G / 8), NP]`` float32, only for K-quant super-blocks (``build_kquant``): scales and offsets
+  are then the blocks' own uint8 sub-scales ``sc`` and mins ``m``, and the kernels take ``s = d sc`` and
+  ``o = -dmin m`` with rows ``2i, 2i + 1`` = ``d, -dmin`` of super-group ``i = g // 8`` (exact in float32:
+  11 x 6 significant bits): about 2.1 bytes per 32 weights next to the float32 pair's 8.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class Packed:
     zero_const: int
     rows_per_block: int
     offsets: torch.Tensor | None = None
+    supers: torch.Tensor | None = None
 
     @property
     def striped(self) -> bool:
@@ -68,13 +73,22 @@ class Packed:
     def np(self) -> int:
         return self.qweight.shape[0] * STRIP if self.striped else self.qweight.shape[1]
 
+    def words_kn(self) -> torch.Tensor:
+        """The words as ``[KW, NP]`` (a copy when striped)."""
+        w = self.qweight
+        return w.transpose(0, 1).reshape(w.shape[1], -1) if self.striped else w
+
     def tensors(self) -> dict[str, torch.Tensor | None]:
         return {"qweight": self.qweight, "scales": self.scales, "zeros": self.zeros, "perm": self.perm,
-                "offsets": self.offsets}
+                "offsets": self.offsets, "supers": self.supers}
 
     def offset_arg(self) -> torch.Tensor:
         """The offsets pointer a launcher passes (the scales stand in when there are none; never read)."""
         return self.offsets if self.offsets is not None else self.scales
+
+    def super_arg(self) -> torch.Tensor:
+        """The super-scales pointer a launcher passes (the scales stand in when there are none; never read)."""
+        return self.supers if self.supers is not None else self.scales
 
     def meta(self) -> tuple[int, int, int, int, int, int]:
         return (self.bits, self.k, self.n, self.group, self.zero_const, self.rows_per_block)
@@ -83,7 +97,8 @@ class Packed:
         """The same layout over other tensors of the same shapes (after a device move, or for copies)."""
         cur = self.tensors()
         cur.update(tensors)
-        return Packed(cur["qweight"], cur["scales"], cur["zeros"], cur["perm"], *self.meta(), offsets=cur["offsets"])
+        return Packed(cur["qweight"], cur["scales"], cur["zeros"], cur["perm"], *self.meta(), offsets=cur["offsets"],
+                      supers=cur["supers"])
 
 
 def _round_up(v: int, m: int) -> int:
@@ -183,4 +198,28 @@ def stripe(p: Packed) -> Packed:
     t["perm"] = p.perm
     w = t["qweight"]
     t["qweight"] = w.reshape(w.shape[0], npad // STRIP, STRIP).transpose(0, 1).contiguous()
-    return Packed(t["qweight"], t["scales"], t["zeros"], t["perm"], *p.meta(), offsets=t["offsets"])
+    return p.with_tensors(**t)
+
+
+def build_kquant(codes: torch.Tensor, sc: torch.Tensor, mins: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor,
+                 bits: int = 4) -> Packed:
+    """The runtime layout of K-quant weights ``d sc q - dmin m`` (codes ``[N, K]``; ``sc``, ``mins`` uint8
+    ``[N, K / 32]``; ``d``, ``dmin`` float32 ``[N, K / 256]``, the blocks' float16 values): plain K order,
+    constant zero 0, the sub-scales and mins kept as uint8 with a float32 pair per super-group."""
+    n, k = codes.shape
+    g = sc.shape[1]
+    if sc.dtype != torch.uint8 or mins.dtype != torch.uint8 or tuple(mins.shape) != (n, g):
+        raise ValueError(f"sc, mins: expected uint8 [{n}, {g}], got {sc.dtype} {list(sc.shape)} and "
+                         f"{mins.dtype} {list(mins.shape)}")
+    g8 = -(-g // 8)
+    if tuple(d.shape) != (n, g8) or tuple(dmin.shape) != (n, g8):
+        raise ValueError(f"d, dmin: expected [{n}, {g8}] (one per 8 groups of 32), got {list(d.shape)} and "
+                         f"{list(dmin.shape)}")
+    p = build(codes, sc, torch.zeros(1, dtype=torch.int32), torch.arange(k) // 32, bits, scale_dtype=torch.uint8)
+    o = torch.zeros(g, p.np, dtype=torch.uint8, device=codes.device)
+    o[:, :n] = mins.t()
+    sup = torch.zeros(g8, 2, p.np, dtype=torch.float32, device=codes.device)
+    sup[:, 0, :n] = d.t().float()
+    sup[:, 1, :n] = -dmin.t().float()
+    return Packed(p.qweight, p.scales, None, p.perm, bits, k, n, p.group, 0, p.rows_per_block, offsets=o,
+                  supers=sup.reshape(2 * g8, p.np))

@@ -59,13 +59,13 @@ def rows_term(p, xs, s, o, HAS_OFF: tl.constexpr):
 
 
 @triton.jit
-def qmm_kernel(X, W, S, Z, OFF, PERM, BIAS, Y, PART, LOCK,
+def qmm_kernel(X, W, S, Z, OFF, SUP, PERM, BIAS, Y, PART, LOCK,
                M, N, K, KW, G, KP, NP, GS, SPLIT_K, stride_xm, stride_ym,
                BITS: tl.constexpr, R: tl.constexpr, ZC: tl.constexpr, ONE_GROUP: tl.constexpr,
                HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-               STRIPED: tl.constexpr, PREFETCH: tl.constexpr = False, HAS_OFF: tl.constexpr = False):
+               STRIPED: tl.constexpr, PREFETCH: tl.constexpr, HAS_OFF: tl.constexpr, HAS_SUP: tl.constexpr):
     PF: tl.constexpr = 32 // BITS
     BKW: tl.constexpr = BLOCK_K // PF
     HALF: tl.constexpr = PF // 2
@@ -99,8 +99,8 @@ def qmm_kernel(X, W, S, Z, OFF, PERM, BIAS, Y, PART, LOCK,
                                 EVEN_K, EVEN_N, STRIPED)
         else:
             w = load_words(W, rows, offs_n, KW, NP, EVEN_K, EVEN_N, STRIPED)
-        s, z, o = group_params(S, Z, OFF, rows, row0, offs_n, G, NP, GS, PF, R, BLOCK_N, ZC, HAS_Z, ONE_GROUP, EVEN_N,
-                               HAS_OFF)
+        s, z, o = group_params(S, Z, OFF, SUP, rows, row0, offs_n, G, NP, GS, PF, R, BLOCK_N, ZC, HAS_Z, ONE_GROUP,
+                               EVEN_N, HAS_OFF, HAS_SUP)
         if USE_DOT:
             a = load_x(X, offs_m, tile_kpos(row0, BLOCK_K, BKW, R, PF), M, K, KP, stride_xm, PERM, HAS_PERM,
                        EVEN_K)
@@ -144,13 +144,13 @@ def qmm_kernel(X, W, S, Z, OFF, PERM, BIAS, Y, PART, LOCK,
 
 
 @triton.jit
-def qmm2_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
+def qmm2_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
                 M, N, K, KW, G, NP, SPLIT_K, stride_xm, stride_ym, GS: tl.constexpr,
                 BITS: tl.constexpr, R: tl.constexpr, ZC: tl.constexpr, ONE_GROUP: tl.constexpr,
                 HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 SPLIT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, STRIPED: tl.constexpr,
-                HAS_OFF: tl.constexpr = False):
+                HAS_OFF: tl.constexpr, HAS_SUP: tl.constexpr):
     """``gemm2`` / ``skinny2``: A is x in sorted order (contiguous 2-D tiles, no gather), B is built the
     classic GPTQ way: the step's ``BKW`` word rows broadcast to every field and shifted by a constant
     pattern per K row. ``BLOCK_K`` is a multiple of a field block (``R * PF`` codes), so the tile's K
@@ -206,12 +206,11 @@ def qmm2_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
         if ONE_GROUP:
             g = k0 // GS
             ok = nmask[None, :]
-            off = g * NP + cols[None, :]
         else:
             g = (k0 + offs_k) // GS
             ok = (g < G)[:, None] & nmask[None, :]
-            off = g[:, None] * NP + cols[None, :]
-        s, z, o = load_group(S, Z, OFF, off, ok, BLOCK_N, ZC, HAS_Z, HAS_OFF)
+            g = g[:, None]
+        s, z, o = load_group(S, Z, OFF, SUP, g, cols[None, :], NP, ok, BLOCK_N, ZC, HAS_Z, HAS_OFF, HAS_SUP)
         if HAS_OFF:  # weights s * q + o (GGUF's float minimums; z is 0 there)
             b = tl.fma(tl.fma(f, fc, -(z + 8388608.0 * fc)), s, o).to(X.dtype.element_ty)
         else:
@@ -289,7 +288,7 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
     split = cfg.split_k if lock is not None and grid_m * grid_n <= lock.numel() else 1
     part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
     LAST["qmm"] = qmm_kernel[(grid_m, grid_n, split)](
-        x2, p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales, p.offset_arg(),
+        x2, p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales, p.offset_arg(), p.super_arg(),
         perm if perm is not None else p.qweight, bias if bias is not None else y, y, part,
         lock if lock is not None else p.qweight,
         m, p.n, kx, p.kw, p.scales.shape[0], p.kp, p.np, p.group, split, x2.stride(0), y.stride(0),
@@ -298,7 +297,7 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
         HAS_PERM=perm is not None, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SPLIT=split > 1, USE_DOT=use_dot, EVEN_K=kx == p.kp and p.kp % cfg.block_k == 0,
         EVEN_N=p.np % cfg.block_n == 0, STRIPED=p.striped, PREFETCH=cfg.prefetch and not use_dot,
-        HAS_OFF=p.offsets is not None,
+        HAS_OFF=p.offsets is not None, HAS_SUP=p.supers is not None,
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return y
@@ -328,12 +327,13 @@ def qmm2(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lo
     split = cfg.split_k if lock is not None and tiles <= lock.numel() else 1
     part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
     LAST["qmm"] = qmm2_kernel[(tiles, split)](
-        x2, p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales, p.offset_arg(),
+        x2, p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales, p.offset_arg(), p.super_arg(),
         bias if bias is not None else y, y, part, lock if lock is not None else p.qweight,
         m, p.n, kx, p.kw, p.scales.shape[0], p.np, split, x2.stride(0), y.stride(0),
         GS=p.group, BITS=p.bits, R=p.rows_per_block, ZC=p.zero_const, ONE_GROUP=one_group(p, bk),
         HAS_Z=p.zeros is not None, HAS_BIAS=bias is not None,
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=bk, SPLIT=split > 1,
         EVEN_K=kx == p.kp and p.kp % bk == 0, EVEN_N=p.np % cfg.block_n == 0, STRIPED=p.striped,
-        HAS_OFF=p.offsets is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        HAS_OFF=p.offsets is not None, HAS_SUP=p.supers is not None, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     return y

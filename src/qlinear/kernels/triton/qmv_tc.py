@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import stack2, store_split
+from .common import SUPER_GROUPS, stack2, store_split
 from .layout import Packed
 from .qmv_tc_asm import MMA_CONSTRAINTS, mma_asm
 from .qmv_tc_x import chunk_x, unit_x
@@ -120,11 +120,15 @@ def _neg_zero_pairs(Z, grp, NP, cols, nmask, ZC: tl.constexpr, MAGIC: tl.constex
 
 
 @triton.jit
-def _group_term(S, Z, OFF, grp, NP, ccol, nmask, c, cx, ZC: tl.constexpr, MAGIC: tl.constexpr,
-                HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr, SUBZ: tl.constexpr):
+def _group_term(S, Z, OFF, SUP, grp, NP, ccol, nmask, c, cx, ZC: tl.constexpr, MAGIC: tl.constexpr,
+                HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr, HAS_SUP: tl.constexpr, SUBZ: tl.constexpr):
     """A tile's contribution of one step: ``s (C - (m + z) Cx) (+ o Cx)`` with the group's parameters
-    (``s C (+ o Cx)`` when the MMA already took ``q - z``)."""
+    (``s C (+ o Cx)`` when the MMA already took ``q - z``; ``HAS_SUP``: ``s``, ``o`` times the super-group's
+    pair, as ``common.load_group``)."""
     s = tl.load(S + grp * NP + ccol, mask=nmask, other=0.0).to(tl.float32)
+    sup = (grp // SUPER_GROUPS) * (2 * NP) + ccol
+    if HAS_SUP:
+        s = s * tl.load(SUP + sup, mask=nmask, other=0.0)
     if SUBZ:
         out = s * c
     else:
@@ -134,15 +138,18 @@ def _group_term(S, Z, OFF, grp, NP, ccol, nmask, c, cx, ZC: tl.constexpr, MAGIC:
             zm = ZC + MAGIC
         out = s * (c - zm * cx)
     if HAS_OFF:
-        out += tl.load(OFF + grp * NP + ccol, mask=nmask, other=0.0) * cx
+        o = tl.load(OFF + grp * NP + ccol, mask=nmask, other=0.0).to(tl.float32)
+        if HAS_SUP:
+            o = o * tl.load(SUP + sup + NP, mask=nmask, other=0.0)
+        out += o * cx
     return out
 
 
 @triton.jit
-def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
+def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
                   M, N, KX, NP, NCH, SPLIT_K, stride_xm, stride_ym,
                   GS: tl.constexpr, BITS: tl.constexpr, R: tl.constexpr, ZC: tl.constexpr,
-                  HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr, HAS_SUP: tl.constexpr, HAS_BIAS: tl.constexpr,
                   WN: tl.constexpr, WK: tl.constexpr, UNIT: tl.constexpr, NB: tl.constexpr, SPLIT: tl.constexpr,
                   EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, SUBZ: tl.constexpr,
                   STAGE_X: tl.constexpr, SUM_ROWS: tl.constexpr, STRIPED: tl.constexpr, USE_ASM: tl.constexpr,
@@ -273,11 +280,15 @@ def qmv_tc_kernel(X, W, S, Z, OFF, BIAS, Y, PART, LOCK,
                                              nmask1, BITS, R, MAGIC)
                     e0, e1, ex = e0 + d0, e1 + d1, ex + dx
         grp = (uc * UNIT * CK) // GS
-        acc0 += _group_term(S, Z, OFF, grp, NP, ccol, nmask0, c0, cx, ZC, MAGIC, HAS_Z, HAS_OFF, SUB_E)
-        acc1 += _group_term(S, Z, OFF, grp, NP, ccol + 2, nmask1, c1, cx, ZC, MAGIC, HAS_Z, HAS_OFF, SUB_E)
+        acc0 += _group_term(S, Z, OFF, SUP, grp, NP, ccol, nmask0, c0, cx, ZC, MAGIC,
+                             HAS_Z, HAS_OFF, HAS_SUP, SUB_E)
+        acc1 += _group_term(S, Z, OFF, SUP, grp, NP, ccol + 2, nmask1, c1, cx, ZC, MAGIC,
+                             HAS_Z, HAS_OFF, HAS_SUP, SUB_E)
         if NB == 2:
-            acc2 += _group_term(S, Z, OFF, grp, NP, ccol, nmask0, e0, ex, ZC, MAGIC, HAS_Z, HAS_OFF, SUB_E)
-            acc3 += _group_term(S, Z, OFF, grp, NP, ccol + 2, nmask1, e1, ex, ZC, MAGIC, HAS_Z, HAS_OFF, SUB_E)
+            acc2 += _group_term(S, Z, OFF, SUP, grp, NP, ccol, nmask0, e0, ex, ZC, MAGIC,
+                                 HAS_Z, HAS_OFF, HAS_SUP, SUB_E)
+            acc3 += _group_term(S, Z, OFF, SUP, grp, NP, ccol + 2, nmask1, e1, ex, ZC, MAGIC,
+                                 HAS_Z, HAS_OFF, HAS_SUP, SUB_E)
     out = _frag_to_tile(_warp_sum(acc0, WK, BLOCK_N), _warp_sum(acc1, WK, BLOCK_N), WN)
     if NB == 2:
         out = stack2(out, _frag_to_tile(_warp_sum(acc2, WK, BLOCK_N), _warp_sum(acc3, WK, BLOCK_N), WN))
@@ -360,11 +371,12 @@ def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, 
     subz = cfg.sub_zero
     asm = mma_asm(p.bits, nf, x2.dtype == torch.bfloat16, nb, subz, not subz or p.offsets is not None)
     qmv_tc_kernel[(tiles_m, tiles_n, split)](
-        x2, p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales, p.offset_arg(),
+        x2, p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales, p.offset_arg(), p.super_arg(),
         bias if bias is not None else y, y, part, lock if lock is not None else p.qweight,
         m, p.n, kx, p.np, nch, split, x2.stride(0), y.stride(0),
         GS=p.group, BITS=p.bits, R=p.rows_per_block, ZC=p.zero_const, HAS_Z=p.zeros is not None,
-        HAS_OFF=p.offsets is not None, HAS_BIAS=bias is not None, WN=wn, WK=warps // wn, UNIT=unit, NB=nb,
+        HAS_OFF=p.offsets is not None, HAS_SUP=p.supers is not None, HAS_BIAS=bias is not None, WN=wn,
+        WK=warps // wn, UNIT=unit, NB=nb,
         SPLIT=split > 1, EVEN_K=kx == p.kp, EVEN_N=p.np % (32 * wn) == 0, PREFETCH=cfg.prefetch, SUBZ=subz,
         STAGE_X=cfg.stage_x, SUM_ROWS=sum_rows, STRIPED=p.striped,
         USE_ASM=use_asm, ASM=asm, CONSTRAINTS=MMA_CONSTRAINTS, num_warps=warps, num_stages=1,

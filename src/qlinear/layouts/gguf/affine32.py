@@ -61,6 +61,32 @@ def _iq4(blocks: torch.Tensor, xs: bool) -> tuple[torch.Tensor, torch.Tensor, to
     return table[q.long()].to(torch.uint8), scale, -128 * scale
 
 
+def _blocks(qweight: torch.Tensor, qtype: str, k: int) -> tuple[torch.Tensor, int, int]:
+    """``(blocks [N * nb, type_size], N, nb)`` of checked ``uint8 [N, row_bytes]`` GGML rows."""
+    from . import type_info
+
+    info = type_info(qtype)
+    n, size = qweight.shape[0], info.type_size
+    nb = -(-k // info.block_size)
+    if tuple(qweight.shape) != (n, nb * size) or qweight.dtype != torch.uint8:
+        raise ValueError(f"qweight ({qtype}): expected uint8 [{n}, {nb * size}], got "
+                         f"{str(qweight.dtype).removeprefix('torch.')} {list(qweight.shape)}")
+    return qweight.reshape(n * nb, size), n, nb
+
+
+def kquant_parts(qweight: torch.Tensor, qtype: str, k: int) -> tuple[torch.Tensor, ...]:
+    """Q4_K rows -> ``codes uint8 [N, Kp]``, ``sc``, ``m`` (uint8 ``[N, Kp/32]``) and ``d``, ``dmin`` (float32
+    ``[N, Kp/256]``, the blocks' float16 values): ``d sc q - dmin m`` is the decoded weight (the 6-bit
+    sub-scales kept as integers, for a layout that multiplies them out per group)."""
+    if qtype != "Q4_K":
+        raise ValueError(f"{qtype}: the two-level (uint8 per 32, float per 256) form is built for Q4_K")
+    blocks, n, nb = _blocks(qweight, qtype, k)
+    d, dmin = f16_field(blocks, 0), f16_field(blocks, 2)
+    sc, mn = kquant_scale_min(blocks[:, 4:16])
+    q = nibbles(blocks[:, 16:144].reshape(nb * n, 4, 32)).reshape(n, nb * 256)
+    return q, sc.reshape(n, nb * 8), mn.reshape(n, nb * 8), d.reshape(n, nb), dmin.reshape(n, nb)
+
+
 def affine32(qweight: torch.Tensor, qtype: str, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``uint8 [N, row_bytes]`` GGML rows -> ``codes uint8 [N, Kp]``, ``scale [N, Kp/32]``, ``offset [N, Kp/32]``.
 
@@ -71,13 +97,8 @@ def affine32(qweight: torch.Tensor, qtype: str, k: int) -> tuple[torch.Tensor, t
         raise ValueError(f"{qtype}: no 32-value affine form (takes {', '.join(AFFINE32_BITS)})")
     from . import type_info
 
-    info = type_info(qtype)
-    n, block, size = qweight.shape[0], info.block_size, info.type_size
-    nb = -(-k // block)
-    if tuple(qweight.shape) != (n, nb * size) or qweight.dtype != torch.uint8:
-        raise ValueError(f"qweight ({qtype}): expected uint8 [{n}, {nb * size}], got "
-                         f"{str(qweight.dtype).removeprefix('torch.')} {list(qweight.shape)}")
-    blocks = qweight.reshape(n * nb, size)
+    blocks, n, nb = _blocks(qweight, qtype, k)
+    block = type_info(qtype).block_size
     if qtype.startswith("IQ4"):
         codes, scale, offset = _iq4(blocks, qtype == "IQ4_XS")
     elif qtype.endswith("_K"):
