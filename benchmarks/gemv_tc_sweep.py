@@ -29,7 +29,7 @@ from gpu_peers import PEERS
 from qlinear.kernels.triton import configs
 from qlinear.kernels.triton.configs import Config
 from qlinear.kernels.triton.dequant import dense_t
-from qlinear.kernels.triton.layout import build, build_affine32
+from qlinear.kernels.triton.layout import build, build_affine32, build_kquant
 from qlinear.kernels.triton.qmm import lock_slots, qmm
 from qlinear.kernels.triton.qmv_tc import qmv_tc
 
@@ -221,37 +221,43 @@ def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Genera
 
 
 def affine(k: int, n: int, reps: int, gen: torch.Generator) -> None:
-    """GGUF's affine runtime (``build_affine32``: 4-bit codes, float32 scale and offset per 32, as Q4_K / Q4_1
-    load with ``affine_runtime=True``) at M=1: gemv_tc's configs against the shipped path and bf16."""
+    """GGUF's affine runtimes at M=1 on random Q4_K-shaped values (codes, 6-bit sub-scales and mins per 32,
+    float16 d and dmin per 256): the float32 scale + offset per 32 (``build_affine32``, Q4_0/Q4_1's form) and
+    the two-level form (``build_kquant``, Q4_K's): gemv_tc's configs against the shipped path and bf16."""
     codes = torch.randint(0, 16, (n, k), device=DEV, dtype=torch.uint8, generator=gen)
-    s = torch.rand(n, k // 32, device=DEV, generator=gen) * 0.02 + 0.005
-    o = -torch.rand(n, k // 32, device=DEV, generator=gen) * 0.1
-    p = build_affine32(codes, s, o, 4)
+    sc = torch.randint(0, 64, (n, k // 32), device=DEV, dtype=torch.uint8, generator=gen)
+    mins = torch.randint(0, 64, (n, k // 32), device=DEV, dtype=torch.uint8, generator=gen)
+    d = (torch.rand(n, k // 256, device=DEV, generator=gen) * 1e-3 + 1e-4).half().float()
+    dmin = (torch.rand(n, k // 256, device=DEV, generator=gen) * 1e-3).half().float()
+    s = d.repeat_interleave(8, 1) * sc.float()
+    o = -dmin.repeat_interleave(8, 1) * mins.float()
     w = codes.float() * s.repeat_interleave(32, 1) + o.repeat_interleave(32, 1)
     x = torch.randn(1, k, device=DEV, generator=gen).to(torch.bfloat16)
     ref = x.float() @ w.T
-    del w, codes
-    nbytes = sum(t.numel() * t.element_size() for t in (p.qweight, p.scales, p.offsets))
-    r = copies(nbytes)
-    ps = [p] + [p.with_tensors(qweight=p.qweight.clone(), scales=p.scales.clone(), offsets=p.offsets.clone())
-                for _ in range(r - 1)]
-    lock = torch.zeros(lock_slots(n), dtype=torch.int32, device=DEV)
+    del w
     w16 = torch.randn(n, k, device=DEV, dtype=torch.bfloat16, generator=gen)
     ws = [w16] + [w16.clone() for _ in range(copies(w16.numel() * 2) - 1)]
     bf16 = timed([lambda x, w=w: torch.nn.functional.linear(x, w) for w in ws], x, reps)
     del ws, w16
-    ship = configs.legal(configs.choose(torch.cuda.get_device_name(), 132, 1, n, k, 4, 32, "gemv"), 1, p.kp, 4)
-    t_ship = timed([lambda x, q=q: qmm(x, q, ship, None, lock) for q in ps], x, reps)
-    rows = []
-    for c in candidates(p):
-        us = checked_time(x, ref, ps, c, lock, reps)
-        if us is not None:
-            rows.append((us, c))
-    rows.sort(key=lambda r: r[0])
-    top = ", ".join(f"{us:.1f} {fmt(c, p)}" for us, c in rows[:5])
-    best = rows[0][0]
-    print(f"| affine32 {k}x{n} ({nbytes / 1e6:.1f} MB) | 4 | 1 | {bf16:.1f} | - | {t_ship:.1f} (gemv) | {best:.1f} | "
-          f"{bf16 / best:.2f}x | {t_ship / best:.2f}x | {top} |", flush=True)
+    lock = torch.zeros(lock_slots(n), dtype=torch.int32, device=DEV)
+    for name, p in (("affine32", build_affine32(codes, s, o, 4)), ("kquant", build_kquant(codes, sc, mins, d, dmin))):
+        nbytes = sum(t.numel() * t.element_size() for t in (p.qweight, p.scales, p.offsets, p.supers)
+                     if t is not None)
+        ps = [p] + [p.with_tensors(**{f: t.clone() for f, t in p.tensors().items() if t is not None})
+                    for _ in range(copies(nbytes) - 1)]
+        ship = configs.legal(configs.choose(torch.cuda.get_device_name(), 132, 1, n, k, 4, 32, "gemv"), 1, p.kp, 4)
+        t_ship = timed([lambda x, q=q, c=ship: qmm(x, q, c, None, lock) for q in ps], x, reps)
+        rows = []
+        for c in candidates(p):
+            for v in (c, replace(c, sub_zero=True)):
+                us = checked_time(x, ref, ps, v, lock, reps)
+                if us is not None:
+                    rows.append((us, v))
+        rows.sort(key=lambda r: r[0])
+        top = ", ".join(f"{us:.1f} {fmt(c, p)}" for us, c in rows[:5])
+        best = rows[0][0]
+        print(f"| {name} {k}x{n} ({nbytes / 1e6:.1f} MB) | 4 | 1 | {bf16:.1f} | - | {t_ship:.1f} (gemv) | {best:.1f} | "
+              f"{bf16 / best:.2f}x | {t_ship / best:.2f}x | {top} |", flush=True)
 
 
 def shape_args(ap: argparse.ArgumentParser) -> None:
@@ -269,7 +275,8 @@ def main() -> int:
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--ms2", default="1", help="M values for the 2-bit shapes")
     ap.add_argument("--shapes2", default="", help="shapes for 2-bit (default: --shapes)")
-    ap.add_argument("--affine", default="", help="shapes for GGUF's affine runtime (float32 scale + offset per 32)")
+    ap.add_argument("--affine", default="", help="shapes for GGUF's affine runtimes (float32 scale + offset per 32; "
+                    "Q4_K's two levels)")
     ap.add_argument("--once", help="wn,wk,unit,split,prefetch,sub_zero,block_m[,stage_x,max_registers]: three "
                     "calls of one config on the first shape (ncu)")
     a = ap.parse_args()
@@ -290,7 +297,7 @@ def main() -> int:
           "best configs |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     found = {}
-    for bits in (int(b) for b in a.bits.split(",")):
+    for bits in (int(b) for b in filter(None, a.bits.split(","))):  # --bits "": only --affine
         shapes = a.shapes2 if bits == 2 and a.shapes2 else a.shapes
         ms = a.ms2 if bits == 2 else a.m
         for s in shapes.split(","):
