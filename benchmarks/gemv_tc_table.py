@@ -29,7 +29,6 @@ from gpu_linear import DEV, config, timed
 from qlinear.kernels.triton import configs
 from qlinear.kernels.triton.configs import Config
 from qlinear.kernels.triton.dequant import dense_t
-from qlinear.kernels.triton.layout import stripe
 from qlinear.kernels.triton.qmm import qmm
 
 
@@ -61,9 +60,8 @@ def grid16(c: Config, ck: int, wns: tuple[int, ...] = (2, 4)) -> list[Config]:
 
 
 def run(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Generator, with_peers: bool,
-        wide: tuple[int, ...] = (), striped: bool = False) -> dict:
+        wide: tuple[int, ...] = ()) -> dict:
     p, ps, lock, _, _ = setup(k, n, bits, 1, gen)
-    layouts = [("", ps)] + ([(" S", [stripe(q) for q in ps])] if striped else [])
     peers = peer_fns(p, len(ps)) if with_peers and bits == 4 else {}
     ck = p.rows_per_block * (32 // p.bits)
     found = {}
@@ -71,20 +69,17 @@ def run(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Generato
         x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
         ref = (x.float() @ dense_t(p, torch.float32)).float()
         ship = config(p, m, "gemv_tc")
-        rows = []  # (us, config, layout mark)
-        for mark, qs in layouts:
-            for c in [ship, *(grid16(ship, ck, wide) if wide and m > 8 else neighbours(ship, m, ck))]:
-                us = checked_time(x, ref, qs, c, lock, reps)
-                if us is not None:
-                    rows.append((us, c, mark))
+        rows = []
+        for c in [ship, *(grid16(ship, ck, wide) if wide and m > 8 else neighbours(ship, m, ck))]:
+            us = checked_time(x, ref, ps, c, lock, reps)
+            if us is not None:
+                rows.append((us, c))
         t_ship = rows[0][0] if rows and rows[0][1] == ship else float("nan")
         rows.sort(key=lambda r: r[0])
-        cells = ", ".join(f"{us:.1f} {fmt(c, p)}{' sv16' if c.sum_values == 16 else ''}{mark}"
-                          for us, c, mark in rows[:8])
+        cells = ", ".join(f"{us:.1f} {fmt(c, p)}{' sv16' if c.sum_values == 16 else ''}" for us, c in rows[:8])
         print(f"| {k}x{n} | {bits} | {m} | {best_peer(peers, x, reps)} | {t_ship:.1f} | {rows[0][0]:.1f} | {cells} |",
               flush=True)
-        plain = next(r for r in rows if not r[2])  # the table's layout: row-major words
-        found[configs.table_key("gemv_tc", m, n, k, bits, p.group)] = entry(plain[1], plain[0])
+        found[configs.table_key("gemv_tc", m, n, k, bits, p.group)] = entry(rows[0][1], rows[0][0])
         if m > 8:  # skinny2's shipped config timed in the same run: the selector takes the faster of the two
             other = config(p, m, "skinny2")
             us = timed([lambda x, q=q, c=other: qmm(x, q, c, None, lock) for q in ps], x, reps)
@@ -96,8 +91,6 @@ def run(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Generato
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     shape_args(ap)
-    ap.add_argument("--striped", action="store_true", help="also time every config on strip-major words "
-                    "(layout.stripe; marked S)")
     ap.add_argument("--grid16", default="", help="warps along N (e.g. 2,4): at M > 8 time a wider two-row-set "
                     "grid instead of the neighbours")
     a = ap.parse_args()
@@ -110,7 +103,7 @@ def main() -> int:
         for shape in a.shapes.split(","):
             k, n = (int(v) for v in shape.split("x"))
             found.update(run(k, n, bits, [int(v) for v in a.m.split(",")], a.reps, gen, a.peers,
-                             tuple(int(v) for v in a.grid16.split(",") if v), a.striped))
+                             tuple(int(v) for v in a.grid16.split(",") if v)))
     print("\n```json\n" + json.dumps(found, indent=1) + "\n```")
     return 0
 

@@ -29,7 +29,7 @@ from gpu_peers import PEERS, Fn
 from hbm_read import read_bandwidth
 from qlinear.kernels.triton import configs
 from qlinear.kernels.triton.configs import Config
-from qlinear.kernels.triton.layout import Packed, build, pack_words, stripe
+from qlinear.kernels.triton.layout import Packed, build, pack_words
 
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))
 MS = (1, 4, 16, 64, 128, 256, 1024, 4096)
@@ -86,10 +86,9 @@ def gptq_qweight(p: Packed) -> torch.Tensor:
     row ``(w // R) * R * PF + j * R + w % R``), so handing them to a peer multiplies a different weight."""
     assert p.perm is None and p.bits == 4 and p.np == p.n
     pf, r = 32 // p.bits, p.rows_per_block
-    words = p.words_kn()
-    kw, n = words.shape
-    shifts = torch.arange(0, 32, p.bits, device=words.device).view(1, pf, 1)
-    fields = (words.unsqueeze(1) >> shifts) & ((1 << p.bits) - 1)  # [KW, PF, N]: field j of word row w
+    kw, n = p.qweight.shape
+    shifts = torch.arange(0, 32, p.bits, device=p.qweight.device).view(1, pf, 1)
+    fields = (p.qweight.unsqueeze(1) >> shifts) & ((1 << p.bits) - 1)  # [KW, PF, N]: field j of word row w
     codes = fields.reshape(kw // r, r, pf, n).transpose(1, 2).reshape(kw * pf, n)  # sorted row order
     return pack_words(codes.to(torch.uint8), p.bits, 1)
 
@@ -195,7 +194,6 @@ def variants_table(args: argparse.Namespace, bw: float) -> dict[str, object]:
         for m in args.m:
             x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
             t = {}
-            t_striped = {}
             for v in names:
                 if ((v == "gemv" and m > 16) or (v.startswith("skinny") and m > 256) or (v == "dense" and m < 16)
                         or (v == "skinny3" and m > 16)
@@ -203,16 +201,14 @@ def variants_table(args: argparse.Namespace, bw: float) -> dict[str, object]:
                     continue
                 try:
                     t[v] = timed(our_fns(p, r, config(p, m, v)), x, args.reps)
-                    if args.striped:
-                        t_striped[v] = timed(our_fns(stripe(p), r, config(p, m, v)), x, args.reps)
                 except Exception as err:  # out of resources: report, keep timing the rest
                     print(f"<!-- {k}x{n} M={m} {v} {config(p, m, v)}: {type(err).__name__}: {str(err)[:200]} -->")
             best = min(t, key=t.__getitem__)
             winners.setdefault(m, []).append(best)
             cfgs = " ".join(f"{v}={config(p, m, v).block_m}x{config(p, m, v).block_n}x{config(p, m, v).block_k}"
                             f"s{config(p, m, v).split_k}" for v in t if v != "dense")
-            cells = [fmt(t.get(v)) + (f" / {fmt(t_striped.get(v))} S" if v in t_striped else "") for v in names]
-            print(f"| {k}x{n} | {m} | " + " | ".join(cells) + f" | {best} | {cfgs} |", flush=True)
+            print(f"| {k}x{n} | {m} | " + " | ".join(fmt(t.get(v)) for v in names) + f" | {best} | {cfgs} |",
+                  flush=True)
     cross: dict[str, int] = {}
     for v in names[:-1]:
         ms = [m for m, w in winners.items() if max(set(w), key=w.count) == v]
@@ -276,8 +272,6 @@ def main() -> int:
     ap.add_argument("--m", default=",".join(map(str, MS)), help="M list")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--variants", action="store_true", help="time each of our variants separately")
-    ap.add_argument("--striped", action="store_true", help="--variants: also time each on strip-major words "
-                    "(layout.stripe), printed after a slash with S")
     ap.add_argument("--tune", action="store_true", help="sweep a few configs per shape/M, print table entries")
     ap.add_argument("--json", help="write crossovers/configs found by --variants/--tune to this file")
     ap.add_argument("--variant", help="--tune this variant instead of the one the crossovers pick")

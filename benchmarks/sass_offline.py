@@ -36,8 +36,8 @@ from qlinear.kernels.triton.layout import block_rows
 from qlinear.kernels.triton.qmm import V2, block_k2, qmm2_kernel, qmm_kernel
 from qlinear.kernels.triton.qmm3 import qmm3_kernel
 
-POINTERS = {"X": "*bf16", "W": "*i32", "S": "*fp16", "Z": "*u8", "OFF": "*fp32", "PERM": "*i32", "BIAS": "*fp16",
-            "Y": "*bf16", "PART": "*fp32", "LOCK": "*i32", "OUT": "*bf16"}
+POINTERS = {"X": "*bf16", "W": "*i32", "S": "*fp16", "Z": "*u8", "OFF": "*fp32", "SUP": "*fp32", "PERM": "*i32",
+            "BIAS": "*fp16", "Y": "*bf16", "PART": "*fp32", "LOCK": "*i32", "OUT": "*bf16"}
 ALIGNED = ("N", "K", "KW", "KP", "NP", "GS", "stride_xm", "stride_ym", "stride_o", "N0", "N1")
 
 
@@ -57,7 +57,7 @@ def registers(cubin: bytes) -> str:
 
 def compile_one(fn: object, constants: dict[str, object], warps: int, stages: int) -> object:
     names = fn.arg_names  # type: ignore[attr-defined]
-    constants = {**{flag: False for flag in ("PREFETCH", "HAS_OFF") if flag in names}, **constants}
+    constants = {**{flag: False for flag in ("PREFETCH", "HAS_OFF", "HAS_SUP") if flag in names}, **constants}
     sig = {a: "constexpr" if a in constants else POINTERS.get(a, "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names
              if (a in POINTERS or a in ALIGNED) and a not in constants}

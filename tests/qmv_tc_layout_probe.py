@@ -18,18 +18,18 @@ from triton.compiler import ASTSource, compile
 from qlinear.kernels.triton.qmv_tc import qmv_tc_kernel
 from qlinear.kernels.triton.qmv_tc_asm import MMA_CONSTRAINTS, mma_asm
 
-POINTERS = {"X": "*bf16", "W": "*i32", "S": "*fp16", "Z": "*u8", "OFF": "*fp32", "BIAS": "*bf16", "Y": "*bf16",
-            "PART": "*fp32", "LOCK": "*i32"}
+POINTERS = {"X": "*bf16", "W": "*i32", "S": "*fp16", "Z": "*u8", "OFF": "*fp32", "SUP": "*fp32", "BIAS": "*bf16",
+            "Y": "*bf16", "PART": "*fp32", "LOCK": "*i32"}
 
 
 def asm_layouts(bits: int, r: int, wn: int, wk: int, unit: int, nb: int, prefetch: bool, subz: bool,
-                stage: bool, x_aligned: bool, striped: bool = False) -> list[str]:
+                stage: bool, x_aligned: bool) -> list[str]:
     """``x_aligned``: x's row stride and length specialised as multiples of 16 (Triton does so when they
-    are); the padded N (``NP``) always is. ``striped``: strip-major words (``layout.stripe``)."""
+    are); the padded N (``NP``) always is."""
     nf = (32 // bits) * r // 8
-    consts = dict(GS=r * (32 // bits), BITS=bits, R=r, ZC=1 << (bits - 1), HAS_Z=False, HAS_OFF=False,
+    consts = dict(GS=r * (32 // bits), BITS=bits, R=r, ZC=1 << (bits - 1), HAS_Z=False, HAS_OFF=False, HAS_SUP=False,
                   HAS_BIAS=False, WN=wn, WK=wk, UNIT=unit, NB=nb, SPLIT=True, EVEN_K=True, EVEN_N=True,
-                  PREFETCH=prefetch, SUBZ=subz, STAGE_X=stage, SUM_ROWS=4, STRIPED=striped, USE_ASM=True,
+                  PREFETCH=prefetch, SUBZ=subz, STAGE_X=stage, SUM_ROWS=4, USE_ASM=True,
                   ASM=mma_asm(bits, nf, True, nb, subz, not subz), CONSTRAINTS=MMA_CONSTRAINTS)
     names = qmv_tc_kernel.arg_names
     sig = {a: "constexpr" if a in consts else POINTERS.get(a, "i32") for a in names}

@@ -181,48 +181,6 @@ def test_gemv_tc_tilings_match_oracle(case: tuple, wn: int, warps: int, split: i
     assert int(layer._rt_lock.abs().sum()) == 0
 
 
-@pytest.mark.parametrize(("case", "wn", "split", "m"), [(GPTQ[0], 2, 3, 1), (GPTQ[1], 1, 2, 9), (GPTQ[4], 2, 1, 3)],
-                         ids=lambda v: f"{v[1]}b-g{v[2]}-n{v[7]}" if isinstance(v, tuple) else str(v))
-def test_gemv_tc_reads_strip_major_words(case: tuple, wn: int, split: int, m: int) -> None:
-    """``layout.stripe`` (each 32-column strip's word rows contiguous, N padded to 32: 72, 37 and 33 columns
-    here) gives gemv_tc the same products."""
-    from qlinear.kernels.triton.layout import stripe
-    from qlinear.kernels.triton.qmm import qmm
-
-    layer, w64, b64 = gptq_layer(case)
-    layer.ensure_prepared()
-    p = stripe(layer.packed())
-    assert p.qweight.dim() == 3 and p.np % 32 == 0 and p.kp == layer.packed().kp
-    cfg = Config("gemv_tc", 16, 32 * wn, 4 * 32 // case[1], split, 2 * wn, 1, prefetch=True)
-    x = torch.randn(m, case[6], generator=torch.Generator().manual_seed(m)).to(case[8])
-    y = qmm(x, p, cfg, layer.bias, layer._rt_lock)
-    assert rel_err(y, x.double().numpy() @ w64.T + b64) < TOL[case[8]]
-    assert int(layer._rt_lock.abs().sum()) == 0
-
-
-@pytest.mark.parametrize("variant", ["gemv", "skinny", "skinny2", "skinny3", "gemm", "gemm2", "dense"])
-@pytest.mark.parametrize("case", [GPTQ[1], GPTQ[3], GPTQ[7]], ids=lambda v: f"{v[1]}b-g{v[2]}-n{v[7]}")
-def test_every_variant_reads_strip_major_words(case: tuple, variant: str) -> None:
-    """The other variants on strip-major words (``load_words`` addresses them): same products as the oracle."""
-    from qlinear.kernels.triton.layout import stripe
-    from qlinear.kernels.triton.qmm import qmm
-
-    if variant == "skinny3" and case[1] != 4:
-        pytest.skip("skinny3 runs 4-bit words only")
-    layer, w64, b64 = gptq_layer(case)
-    layer.ensure_prepared()
-    p = stripe(layer.packed())
-    cfg, m = forced(variant, case[1])
-    x = torch.randn(m, case[6], generator=torch.Generator().manual_seed(3)).to(case[8])
-    if variant == "dense":
-        from qlinear.kernels.triton.dequant import dense_mm
-
-        y = dense_mm(x, p, cfg, layer.bias)
-    else:
-        y = qmm(x, p, cfg, layer.bias, layer._rt_lock)
-    assert rel_err(y, x.double().numpy() @ w64.T + b64) < TOL[case[8]]
-
-
 def test_gemv_tc_is_picked_by_m_and_skipped_where_it_cannot_run() -> None:
     """Without a device table the defaults give M <= 8 to gemv_tc; 8-bit weights (no magic-number pairs)
     and groups too short for a field block fall back to what the crossovers give without it."""

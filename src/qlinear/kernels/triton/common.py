@@ -70,13 +70,9 @@ def group_params(S, Z, OFF, SUP, rows, row0, offs_n, G, NP, GS, PF: tl.constexpr
 
 
 @triton.jit
-def load_words(W, rows, offs_n, KW, NP, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, STRIPED: tl.constexpr):
-    """Packed words ``[BKW, BN]`` (rows along K, contiguous along N); out-of-range rows read 0. ``STRIPED``:
-    stored ``[NP / 32, KW, 32]`` (``layout.stripe``), else ``[KW, NP]``."""
-    if STRIPED:
-        ptr = W + (offs_n // 32 * (KW * 32) + offs_n % 32)[None, :] + rows[:, None] * 32
-    else:
-        ptr = W + rows[:, None] * NP + offs_n[None, :]
+def load_words(W, rows, offs_n, KW, NP, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+    """Packed words ``[BKW, BN]`` (rows along K, contiguous along N); out-of-range rows read 0."""
+    ptr = W + rows[:, None] * NP + offs_n[None, :]
     if EVEN_K and EVEN_N:
         return tl.load(ptr)
     mask = ((rows < KW) | EVEN_K)[:, None] & ((offs_n < NP) | EVEN_N)[None, :]

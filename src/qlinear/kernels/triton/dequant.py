@@ -25,7 +25,7 @@ MAX_DENSE = 1 << 28
 def dequant_kernel(W, S, Z, OFF, SUP, PERM, OUT, N0, N1, K, KW, G, KP, NP, GS, stride_o,
                    BITS: tl.constexpr, R: tl.constexpr, ZC: tl.constexpr, ONE_GROUP: tl.constexpr,
                    HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                   STRIPED: tl.constexpr, HAS_OFF: tl.constexpr, HAS_SUP: tl.constexpr):
+                   HAS_OFF: tl.constexpr, HAS_SUP: tl.constexpr):
     """One ``[BLOCK_K, BLOCK_N]`` tile: each field's ``[BKW, BN]`` rows go straight to their output rows,
     in the words' own layout (no tile assembly, no data moved between threads)."""
     PF: tl.constexpr = 32 // BITS
@@ -33,7 +33,7 @@ def dequant_kernel(W, S, Z, OFF, SUP, PERM, OUT, N0, N1, K, KW, G, KP, NP, GS, s
     row0 = tl.program_id(0) * BKW
     offs_n = N0 + tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = row0 + tl.arange(0, BKW)
-    w = load_words(W, rows, offs_n, KW, NP, False, False, STRIPED)
+    w = load_words(W, rows, offs_n, KW, NP, False, False)
     s, z, o = group_params(S, Z, OFF, SUP, rows, row0, offs_n, G, NP, GS, PF, R, BLOCK_N, ZC, HAS_Z, ONE_GROUP,
                            False, HAS_OFF, HAS_SUP)
     lo, hi = halves(w)
@@ -67,7 +67,7 @@ def dense_t(p: Packed, dtype: torch.dtype, cfg: Config | None = None, n0: int = 
         p.perm if p.perm is not None else p.qweight, out, n0, n1, p.k, p.kw, p.scales.shape[0],
         p.kp, p.np, p.group, out.stride(0), BITS=p.bits, R=p.rows_per_block, ZC=p.zero_const,
         ONE_GROUP=one_group(p, block_k), HAS_Z=p.zeros is not None,
-        HAS_PERM=p.perm is not None, BLOCK_K=block_k, BLOCK_N=block_n, STRIPED=p.striped,
+        HAS_PERM=p.perm is not None, BLOCK_K=block_k, BLOCK_N=block_n,
         HAS_OFF=p.offsets is not None, HAS_SUP=p.supers is not None,
         num_warps=cfg.num_warps if cfg else 4, num_stages=1)
     return out

@@ -33,8 +33,6 @@ from .configs import CHANNELWISE
 
 N_ALIGN = 16
 MAX_BLOCK_ROWS = 8
-#: columns per strip of the strip-major words (``stripe``): one warp's span in gemv_tc
-STRIP = 32
 
 
 @dataclass(frozen=True)
@@ -55,14 +53,9 @@ class Packed:
     supers: torch.Tensor | None = None
 
     @property
-    def striped(self) -> bool:
-        """Words stored strip-major (``[NP / 32, KW, 32]``, ``stripe``): gemv_tc only."""
-        return self.qweight.dim() == 3
-
-    @property
     def kw(self) -> int:
         """Word rows."""
-        return self.qweight.shape[-2] if self.striped else self.qweight.shape[0]
+        return self.qweight.shape[0]
 
     @property
     def kp(self) -> int:
@@ -71,12 +64,7 @@ class Packed:
 
     @property
     def np(self) -> int:
-        return self.qweight.shape[0] * STRIP if self.striped else self.qweight.shape[1]
-
-    def words_kn(self) -> torch.Tensor:
-        """The words as ``[KW, NP]`` (a copy when striped)."""
-        w = self.qweight
-        return w.transpose(0, 1).reshape(w.shape[1], -1) if self.striped else w
+        return self.qweight.shape[1]
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
         return {"qweight": self.qweight, "scales": self.scales, "zeros": self.zeros, "perm": self.perm,
@@ -183,22 +171,6 @@ def build_affine32(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Ten
     o = torch.zeros(g, p.np, dtype=torch.float32, device=codes.device)
     o[:, :n] = offsets.t().float()
     return Packed(p.qweight, p.scales, None, p.perm, bits, k, n, p.group, 0, p.rows_per_block, offsets=o)
-
-
-def stripe(p: Packed) -> Packed:
-    """The same layout with the words strip-major: ``[NP / 32, KW, 32]``, each 32-column strip's word rows
-    contiguous, so a gemv_tc warp's step (its strip's rows of a few field blocks) is one contiguous run of
-    DRAM instead of 128-byte pieces ``4 NP`` bytes apart. Scales, zeros and offsets keep ``NP`` (padded to 32)."""
-    if p.striped:
-        return p
-    npad = _round_up(p.np, STRIP)
-    pad = npad - p.np
-    t = {name: (None if v is None or name == "perm" else torch.nn.functional.pad(v, (0, pad)))
-         for name, v in p.tensors().items()} if pad else dict(p.tensors())
-    t["perm"] = p.perm
-    w = t["qweight"]
-    t["qweight"] = w.reshape(w.shape[0], npad // STRIP, STRIP).transpose(0, 1).contiguous()
-    return p.with_tensors(**t)
 
 
 def build_kquant(codes: torch.Tensor, sc: torch.Tensor, mins: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor,

@@ -65,7 +65,7 @@ def qmm_kernel(X, W, S, Z, OFF, SUP, PERM, BIAS, Y, PART, LOCK,
                HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-               STRIPED: tl.constexpr, PREFETCH: tl.constexpr, HAS_OFF: tl.constexpr, HAS_SUP: tl.constexpr):
+               PREFETCH: tl.constexpr, HAS_OFF: tl.constexpr, HAS_SUP: tl.constexpr):
     PF: tl.constexpr = 32 // BITS
     BKW: tl.constexpr = BLOCK_K // PF
     HALF: tl.constexpr = PF // 2
@@ -89,16 +89,16 @@ def qmm_kernel(X, W, S, Z, OFF, SUP, PERM, BIAS, Y, PART, LOCK,
         m_3 = tl.minimum(pid_m * BLOCK_M + 3, M - 1)
     if PREFETCH:  # words of the next step load while this one computes (a clamped row: always in range)
         w_next = load_words(W, tl.maximum(tl.minimum(kb0, nkb - 1), 0) * BKW + tl.arange(0, BKW), offs_n, KW, NP,
-                            EVEN_K, EVEN_N, STRIPED)
+                            EVEN_K, EVEN_N)
     for kb in range(kb0, kb1):
         row0 = kb * BKW
         rows = row0 + tl.arange(0, BKW)
         if PREFETCH:
             w = w_next
             w_next = load_words(W, tl.minimum(kb + 1, nkb - 1) * BKW + tl.arange(0, BKW), offs_n, KW, NP,
-                                EVEN_K, EVEN_N, STRIPED)
+                                EVEN_K, EVEN_N)
         else:
-            w = load_words(W, rows, offs_n, KW, NP, EVEN_K, EVEN_N, STRIPED)
+            w = load_words(W, rows, offs_n, KW, NP, EVEN_K, EVEN_N)
         s, z, o = group_params(S, Z, OFF, SUP, rows, row0, offs_n, G, NP, GS, PF, R, BLOCK_N, ZC, HAS_Z, ONE_GROUP,
                                EVEN_N, HAS_OFF, HAS_SUP)
         if USE_DOT:
@@ -149,7 +149,7 @@ def qmm2_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
                 BITS: tl.constexpr, R: tl.constexpr, ZC: tl.constexpr, ONE_GROUP: tl.constexpr,
                 HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                SPLIT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, STRIPED: tl.constexpr,
+                SPLIT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
                 HAS_OFF: tl.constexpr, HAS_SUP: tl.constexpr):
     """``gemm2`` / ``skinny2``: A is x in sorted order (contiguous 2-D tiles, no gather), B is built the
     classic GPTQ way: the step's ``BKW`` word rows broadcast to every field and shifted by a constant
@@ -194,7 +194,7 @@ def qmm2_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
         k0 = kb * BLOCK_K
         row0 = kb * BKW
         rows = row0 + tl.arange(0, BKW)
-        w = load_words(W, rows, offs_n, KW, NP, EVEN_K, EVEN_N, STRIPED)  # [BKW, BN], one load per word
+        w = load_words(W, rows, offs_n, KW, NP, EVEN_K, EVEN_N)  # [BKW, BN], one load per word
         lo, hi = halves(w)  # per word: low / high 16 bits OR-ed into float 2^23 (see gemv_term)
         # [NB, R, BN] -> [NB, PF, R, BN] -> [BLOCK_K, BN]: row a*PF*R + j*R + r is word row a*R + r
         lo = tl.reshape(tl.broadcast_to(tl.reshape(lo, (NB, 1, R, BLOCK_N)), (NB, PF, R, BLOCK_N)),
@@ -296,7 +296,7 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
         HAS_Z=p.zeros is not None,
         HAS_PERM=perm is not None, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SPLIT=split > 1, USE_DOT=use_dot, EVEN_K=kx == p.kp and p.kp % cfg.block_k == 0,
-        EVEN_N=p.np % cfg.block_n == 0, STRIPED=p.striped, PREFETCH=cfg.prefetch and not use_dot,
+        EVEN_N=p.np % cfg.block_n == 0, PREFETCH=cfg.prefetch and not use_dot,
         HAS_OFF=p.offsets is not None, HAS_SUP=p.supers is not None,
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
@@ -333,7 +333,7 @@ def qmm2(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lo
         GS=p.group, BITS=p.bits, R=p.rows_per_block, ZC=p.zero_const, ONE_GROUP=one_group(p, bk),
         HAS_Z=p.zeros is not None, HAS_BIAS=bias is not None,
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=bk, SPLIT=split > 1,
-        EVEN_K=kx == p.kp and p.kp % bk == 0, EVEN_N=p.np % cfg.block_n == 0, STRIPED=p.striped,
+        EVEN_K=kx == p.kp and p.kp % bk == 0, EVEN_N=p.np % cfg.block_n == 0,
         HAS_OFF=p.offsets is not None, HAS_SUP=p.supers is not None, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return y

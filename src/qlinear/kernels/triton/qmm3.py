@@ -74,8 +74,7 @@ def qmm3_kernel(X, W, S, Z, BIAS, Y, PART, LOCK,
                 M, N, K, KW, NP, SPLIT_K, stride_xm, stride_ym, GS: tl.constexpr,
                 R: tl.constexpr, ZC: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, STRIPED: tl.constexpr,
-                USE_ASM: tl.constexpr):
+                EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, USE_ASM: tl.constexpr):
     """Grid ``(N tiles, SPLIT_K)``; x is in sorted order (gathered once when act-order), M <= BLOCK_M."""
     BKW: tl.constexpr = BLOCK_K // 8
     NB: tl.constexpr = BKW // R
@@ -102,7 +101,7 @@ def qmm3_kernel(X, W, S, Z, BIAS, Y, PART, LOCK,
         else:
             z1 = tl.full([BLOCK_N], ZC, tl.float32)
         rows = kb * BKW + tl.arange(0, BKW)
-        w = tl.trans(load_words(W, rows, offs_n, KW, NP, EVEN_K, EVEN_N, STRIPED))  # [BN, BKW]: word rows last
+        w = tl.trans(load_words(W, rows, offs_n, KW, NP, EVEN_K, EVEN_N))  # [BN, BKW]: word rows last
         s = tl.broadcast_to(s1[:, None], (BLOCK_N, BKW))
         if USE_ASM:
             zc = tl.broadcast_to((z1 + MAGIC).to(X.dtype.element_ty)[:, None], (BLOCK_N, BKW))
@@ -176,6 +175,6 @@ def qmm3(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lo
         m, p.n, kx, p.kw, p.np, split, x2.stride(0), y.stride(0),
         GS=p.group, R=p.rows_per_block, ZC=p.zero_const, HAS_Z=p.zeros is not None, HAS_BIAS=bias is not None,
         BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=bk, SPLIT=split > 1,
-        EVEN_K=kx == p.kp and p.kp % bk == 0, EVEN_N=p.np % cfg.block_n == 0, STRIPED=p.striped, USE_ASM=use_asm,
+        EVEN_K=kx == p.kp and p.kp % bk == 0, EVEN_N=p.np % cfg.block_n == 0, USE_ASM=use_asm,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y

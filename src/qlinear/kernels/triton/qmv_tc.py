@@ -44,12 +44,11 @@ SET_ROWS = 8
 
 
 @triton.jit
-def _chunk_twin(W, X, RS, row0, cb0, cb1, kbase, mrow, live, KX, stride_xm, nmask0, nmask1,
+def _chunk_twin(W, X, NP, row0, ccol, kbase, mrow, live, KX, stride_xm, nmask0, nmask1,
                 BITS: tl.constexpr, R: tl.constexpr, MAGIC: tl.constexpr):
     """Plain-Triton C0, C1, Cx increments of one chunk (the interpreter's stand-in for the MMAs): for C
-    element ``(lane, c)`` of tile 0 (word offset ``cb0`` of its column in row 0, tile 1: ``cb1``; rows ``RS``
-    words apart), x row ``mrow``, ``sum_k (m + q) x`` over the chunk of the lane's warp (first word row
-    ``row0``, first sorted row ``kbase``, both ``[L, 1]``)."""
+    element ``(lane, c)`` of tile 0 (column ``ccol``, x row ``mrow``), ``sum_k (m + q) x`` over the chunk of
+    the lane's warp (first word row ``row0``, first sorted row ``kbase``, both ``[L, 1]``)."""
     PF: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
     rr = tl.arange(0, R)[None, None, :, None]
@@ -58,35 +57,34 @@ def _chunk_twin(W, X, RS, row0, cb0, cb1, kbase, mrow, live, KX, stride_xm, nmas
     ok = (mrow >= 0)[:, :, None, None] & (kk < KX) & live[:, :, None, None]
     xv = tl.load(X + mrow[:, :, None, None] * stride_xm + kk, mask=ok, other=0.0).to(tl.float32)
     cx = tl.sum(tl.sum(xv, axis=3), axis=2)
-    wrow = (row0[:, :, None] + tl.arange(0, R)[None, None, :]) * RS  # [L, 1, R]
-    w0 = tl.load(W + wrow + cb0[:, :, None], mask=nmask0[:, :, None], other=0)
-    w1 = tl.load(W + wrow + cb1[:, :, None], mask=nmask1[:, :, None], other=0)
+    wrow = (row0[:, :, None] + tl.arange(0, R)[None, None, :]) * NP  # [L, 1, R]
+    w0 = tl.load(W + wrow + ccol[:, :, None], mask=nmask0[:, :, None], other=0)
+    w1 = tl.load(W + wrow + ccol[:, :, None] + 2, mask=nmask1[:, :, None], other=0)
     q0 = ((w0[:, :, :, None] >> (BITS * jj)) & MASK).to(tl.float32)
     q1 = ((w1[:, :, :, None] >> (BITS * jj)) & MASK).to(tl.float32)
     return tl.sum(tl.sum((q0 + MAGIC) * xv, axis=3), axis=2), tl.sum(tl.sum((q1 + MAGIC) * xv, axis=3), axis=2), cx
 
 
 @triton.jit
-def _word_pair(W, row, RS, wbase, nmask, shift):
-    """Words of word rows ``row, row + 1`` (``RS`` words apart) at the lane's 4 columns (``wbase`` in row 0),
-    shifted so its fields start at bit 0."""
-    wa = tl.load(W + row * RS + wbase, mask=nmask, other=0)
-    wb = tl.load(W + (row + 1) * RS + wbase, mask=nmask, other=0)
+def _word_pair(W, row, NP, cols, nmask, shift):
+    """Words of word rows ``row, row + 1`` at the lane's 4 columns, shifted so its fields start at bit 0."""
+    wa = tl.load(W + row * NP + cols, mask=nmask, other=0)
+    wb = tl.load(W + (row + 1) * NP + cols, mask=nmask, other=0)
     wa = (wa.to(tl.uint32, bitcast=True) >> shift).to(tl.int32, bitcast=True)
     wb = (wb.to(tl.uint32, bitcast=True) >> shift).to(tl.int32, bitcast=True)
     return wa, wb
 
 
 @triton.jit
-def _unit_words(W, u, UNIT: tl.constexpr, R: tl.constexpr, rp, RS, wbase, nmask, shift):
+def _unit_words(W, u, UNIT: tl.constexpr, R: tl.constexpr, rp, NP, cols, nmask, shift):
     """The word pairs of the ``UNIT`` (1, 2 or 4) chunks of step ``u`` (unused slots repeat chunk 0)."""
-    a0, b0 = _word_pair(W, u * UNIT * R + rp, RS, wbase, nmask, shift)
+    a0, b0 = _word_pair(W, u * UNIT * R + rp, NP, cols, nmask, shift)
     a1, b1, a2, b2, a3, b3 = a0, b0, a0, b0, a0, b0
     if UNIT >= 2:
-        a1, b1 = _word_pair(W, (u * UNIT + 1) * R + rp, RS, wbase, nmask, shift)
+        a1, b1 = _word_pair(W, (u * UNIT + 1) * R + rp, NP, cols, nmask, shift)
     if UNIT >= 4:
-        a2, b2 = _word_pair(W, (u * UNIT + 2) * R + rp, RS, wbase, nmask, shift)
-        a3, b3 = _word_pair(W, (u * UNIT + 3) * R + rp, RS, wbase, nmask, shift)
+        a2, b2 = _word_pair(W, (u * UNIT + 2) * R + rp, NP, cols, nmask, shift)
+        a3, b3 = _word_pair(W, (u * UNIT + 3) * R + rp, NP, cols, nmask, shift)
     return a0, b0, a1, b1, a2, b2, a3, b3
 
 
@@ -152,15 +150,14 @@ def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
                   HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr, HAS_SUP: tl.constexpr, HAS_BIAS: tl.constexpr,
                   WN: tl.constexpr, WK: tl.constexpr, UNIT: tl.constexpr, NB: tl.constexpr, SPLIT: tl.constexpr,
                   EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, SUBZ: tl.constexpr,
-                  STAGE_X: tl.constexpr, SUM_ROWS: tl.constexpr, STRIPED: tl.constexpr, USE_ASM: tl.constexpr,
-                  ASM: tl.constexpr, CONSTRAINTS: tl.constexpr):
+                  STAGE_X: tl.constexpr, SUM_ROWS: tl.constexpr, USE_ASM: tl.constexpr, ASM: tl.constexpr,
+                  CONSTRAINTS: tl.constexpr):
     """Grid ``(M / (8 NB), N / (32 WN), SPLIT_K)``: the row sets of one weight tile run side by side, so
     all but the first read its words from L2; ``WN x WK`` warps: ``WN`` strips of 32 columns, each
     walked by ``WK`` warps taking turns over the CTA's steps (their sums meet in shared memory at the end).
     x is in sorted order with ``KX`` (even) columns; ``NCH`` field blocks (chunks) of ``R`` word rows;
     ``UNIT`` chunks per step, all inside one group; ``NB`` sets of 8 rows share each dequantized chunk;
-    ``PREFETCH`` loads the next step's words and x before this step's MMAs. ``STRIPED``: the words are
-    ``[NP / 32, KW, 32]`` (``layout.stripe``), else ``[KW, NP]``."""
+    ``PREFETCH`` loads the next step's words and x before this step's MMAs."""
     PF: tl.constexpr = 32 // BITS
     NF: tl.constexpr = PF * R // 8  # fields of a word one lane uses per chunk
     HR: tl.constexpr = R // 2  # lanes sharing the chunk's rows: t % HR picks the rows, t // HR the fields
@@ -181,15 +178,6 @@ def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
     wcol = pid_n * BLOCK_N + ((lane // 32) % WN) * 32 + 4 * g
     cols = wcol + c4  # the lane's 4 word columns (one 16-byte load per word row)
     ccol = wcol + c4 // 2  # column of tile 0's C element c (tile 1: + 2)
-    if STRIPED:  # word (row, col) at (col // 32) KW 32 + 32 row + col % 32; a warp's 32 columns are one strip
-        RS = 32
-        sbase = (pid_n * WN + (lane // 32) % WN) * (NCH * R * 32) + 4 * g
-        wbase = sbase + c4
-        cb0 = sbase + c4 // 2
-    else:
-        RS = NP
-        wbase = cols
-        cb0 = ccol
     mrow0 = pid_m * ROWS + 2 * t + c4 % 2  # x row of C element c (set 1: + 8)
     mrow1 = tl.where(mrow0 + 8 < M, mrow0 + 8, -1)
     mrow0 = tl.where(mrow0 < M, mrow0, -1)
@@ -221,7 +209,7 @@ def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
     acc3 = tl.zeros((L, 4), dtype=tl.float32)
     if USE_ASM and PREFETCH:
         un = tl.minimum(uw, nunits - 1)
-        n0, n1, n2, n3, n4, n5, n6, n7 = _unit_words(W, un, UNIT, R, rp, RS, wbase, nmask, shift)
+        n0, n1, n2, n3, n4, n5, n6, n7 = _unit_words(W, un, UNIT, R, rp, NP, cols, nmask, shift)
         q0, q1, q2, q3, q4, q5, q6, q7 = unit_x(X32, xbase0, koff, xmask0 & (uw < u1), srow0, M, stride32, u0 < u1,
                                                 un, tl.minimum(u0, nunits - 1), UNIT, CK, NF, R, WN, KX, EVEN_K,
                                                 STAGE)
@@ -243,12 +231,12 @@ def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
                 w0, w1, w2, w3, w4, w5, w6, w7 = n0, n1, n2, n3, n4, n5, n6, n7
                 p0, p1, p2, p3, p4, p5, p6, p7 = q0, q1, q2, q3, q4, q5, q6, q7
                 un = tl.minimum(u + WK, nunits - 1)
-                n0, n1, n2, n3, n4, n5, n6, n7 = _unit_words(W, un, UNIT, R, rp, RS, wbase, nmask, shift)
+                n0, n1, n2, n3, n4, n5, n6, n7 = _unit_words(W, un, UNIT, R, rp, NP, cols, nmask, shift)
                 q0, q1, q2, q3, q4, q5, q6, q7 = unit_x(X32, xbase0, koff, xmask0 & (u + WK < u1), srow0, M,
                                                         stride32, us + WK < u1, un, tl.minimum(us + WK, nunits - 1),
                                                         UNIT, CK, NF, R, WN, KX, EVEN_K, STAGE)
             else:
-                w0, w1, w2, w3, w4, w5, w6, w7 = _unit_words(W, uc, UNIT, R, rp, RS, wbase, nmask, shift)
+                w0, w1, w2, w3, w4, w5, w6, w7 = _unit_words(W, uc, UNIT, R, rp, NP, cols, nmask, shift)
                 p0, p1, p2, p3, p4, p5, p6, p7 = unit_x(X32, xbase0, koff, xmask0 & live, srow0, M, stride32,
                                                         us < u1, uc, ucs, UNIT, CK, NF, R, WN, KX, EVEN_K, STAGE)
         for ci in tl.static_range(UNIT):
@@ -272,11 +260,11 @@ def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
                     dtype=(tl.float32,) * 6, is_pure=True, pack=4)
             else:
                 row0 = (uc * UNIT + ci) * R
-                d0, d1, dx = _chunk_twin(W, X, RS, row0, cb0, cb0 + 2, kbase, mrow0, live, KX, stride_xm, nmask0,
+                d0, d1, dx = _chunk_twin(W, X, NP, row0, ccol, kbase, mrow0, live, KX, stride_xm, nmask0,
                                          nmask1, BITS, R, MAGIC)
                 c0, c1, cx = c0 + d0, c1 + d1, cx + dx
                 if NB == 2:
-                    d0, d1, dx = _chunk_twin(W, X, RS, row0, cb0, cb0 + 2, kbase, mrow1, live, KX, stride_xm, nmask0,
+                    d0, d1, dx = _chunk_twin(W, X, NP, row0, ccol, kbase, mrow1, live, KX, stride_xm, nmask0,
                                              nmask1, BITS, R, MAGIC)
                     e0, e1, ex = e0 + d0, e1 + d1, ex + dx
         grp = (uc * UNIT * CK) // GS
@@ -378,7 +366,7 @@ def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, 
         HAS_OFF=p.offsets is not None, HAS_SUP=p.supers is not None, HAS_BIAS=bias is not None, WN=wn,
         WK=warps // wn, UNIT=unit, NB=nb,
         SPLIT=split > 1, EVEN_K=kx == p.kp, EVEN_N=p.np % (32 * wn) == 0, PREFETCH=cfg.prefetch, SUBZ=subz,
-        STAGE_X=cfg.stage_x, SUM_ROWS=sum_rows, STRIPED=p.striped,
+        STAGE_X=cfg.stage_x, SUM_ROWS=sum_rows,
         USE_ASM=use_asm, ASM=asm, CONSTRAINTS=MMA_CONSTRAINTS, num_warps=warps, num_stages=1,
         **({"maxnreg": cfg.max_registers} if cfg.max_registers and use_asm else {}))
     return y
