@@ -181,6 +181,29 @@ def test_gemv_tc_tilings_match_oracle(case: tuple, wn: int, warps: int, split: i
     assert int(layer._rt_lock.abs().sum()) == 0
 
 
+@pytest.mark.parametrize(("case", "unit", "m"),
+                         [(("gptq_v2", 4, 32, False, True, torch.int32, 384, 40, torch.bfloat16), 4, 9),
+                          (("gptq_v2", 4, 64, False, False, torch.int32, 512, 24, torch.float16), 2, 1),
+                          (("gptq_v2", 2, 32, True, False, torch.int32, 256, 33, torch.float16), 4, 3),
+                          (GPTQ[3], 2, 2)],
+                         ids=lambda v: f"{v[1]}b-g{v[2]}" if isinstance(v, tuple) else str(v))
+def test_gemv_tc_steps_of_several_groups_match_oracle(case: tuple, unit: int, m: int) -> None:
+    """Groups smaller than a step (g32 / g64 with 2 or 4 chunks a step, 2-bit g128 with 2 chunks of 128
+    codes: each group's terms added after its chunks; asymmetric zeros per group, act-order)."""
+    from qlinear.kernels.triton.qmv_tc import units
+
+    layer, w64, b64 = gptq_layer(case)
+    layer.ensure_prepared()
+    p = layer.packed()
+    ck = p.rows_per_block * 32 // case[1]
+    assert units(p, unit * ck) == unit
+    cfg = Config("gemv_tc", 16, 32, unit * ck, 2, 2, 1, prefetch=True)
+    x = torch.randn(m, case[6], generator=torch.Generator().manual_seed(m)).to(case[8])
+    y = layer.matmul(x, config=cfg)
+    assert rel_err(y, x.double().numpy() @ w64.T + b64) < TOL[case[8]]
+    assert int(layer._rt_lock.abs().sum()) == 0
+
+
 def test_gemv_tc_is_picked_by_m_and_skipped_where_it_cannot_run() -> None:
     """Without a device table the defaults give M <= 8 to gemv_tc; 8-bit weights (no magic-number pairs)
     and groups too short for a field block fall back to what the crossovers give without it."""

@@ -144,6 +144,20 @@ def _group_term(S, Z, OFF, SUP, grp, NP, ccol, nmask, c, cx, ZC: tl.constexpr, M
 
 
 @triton.jit
+def _add_terms(acc0, acc1, acc2, acc3, c0, c1, cx, e0, e1, ex, S, Z, OFF, SUP, grp, NP, ccol, nmask0, nmask1,
+               ZC: tl.constexpr, MAGIC: tl.constexpr, HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr,
+               HAS_SUP: tl.constexpr, SUBZ: tl.constexpr, NB: tl.constexpr):
+    """The accumulators plus group ``grp``'s terms of both tiles (and of the second row set)."""
+    acc0 += _group_term(S, Z, OFF, SUP, grp, NP, ccol, nmask0, c0, cx, ZC, MAGIC, HAS_Z, HAS_OFF, HAS_SUP, SUBZ)
+    acc1 += _group_term(S, Z, OFF, SUP, grp, NP, ccol + 2, nmask1, c1, cx, ZC, MAGIC, HAS_Z, HAS_OFF, HAS_SUP, SUBZ)
+    if NB == 2:
+        acc2 += _group_term(S, Z, OFF, SUP, grp, NP, ccol, nmask0, e0, ex, ZC, MAGIC, HAS_Z, HAS_OFF, HAS_SUP, SUBZ)
+        acc3 += _group_term(S, Z, OFF, SUP, grp, NP, ccol + 2, nmask1, e1, ex, ZC, MAGIC, HAS_Z, HAS_OFF, HAS_SUP,
+                            SUBZ)
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
 def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
                   M, N, KX, NP, NCH, SPLIT_K, stride_xm, stride_ym,
                   GS: tl.constexpr, BITS: tl.constexpr, R: tl.constexpr, ZC: tl.constexpr,
@@ -156,12 +170,16 @@ def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
     all but the first read its words from L2; ``WN x WK`` warps: ``WN`` strips of 32 columns, each
     walked by ``WK`` warps taking turns over the CTA's steps (their sums meet in shared memory at the end).
     x is in sorted order with ``KX`` (even) columns; ``NCH`` field blocks (chunks) of ``R`` word rows;
-    ``UNIT`` chunks per step, all inside one group; ``NB`` sets of 8 rows share each dequantized chunk;
+    ``UNIT`` chunks per step, inside one group or whole groups (small groups: each group's terms are added
+    after its chunks, so a step still loads ``UNIT`` chunks at once); ``NB`` sets of 8 rows share each
+    dequantized chunk;
     ``PREFETCH`` loads the next step's words and x before this step's MMAs."""
     PF: tl.constexpr = 32 // BITS
     NF: tl.constexpr = PF * R // 8  # fields of a word one lane uses per chunk
     HR: tl.constexpr = R // 2  # lanes sharing the chunk's rows: t % HR picks the rows, t // HR the fields
     CK: tl.constexpr = R * PF
+    CPG: tl.constexpr = GS // CK  # chunks per group (the layout makes CK divide GS)
+    PER_GROUP: tl.constexpr = UNIT > CPG  # a step spans several groups (then CPG divides UNIT)
     BLOCK_N: tl.constexpr = 32 * WN
     L: tl.constexpr = 32 * WN * WK
     ROWS: tl.constexpr = 8 * NB
@@ -242,6 +260,8 @@ def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
         for ci in tl.static_range(UNIT):
             kbase = (uc * UNIT + ci) * CK
             if USE_ASM:
+                if PER_GROUP and HAS_Z and ci > 0 and ci % CPG == 0:  # the next group's zeros
+                    zz = _neg_zero_pairs(Z, kbase // GS, NP, cols, nmask, ZC, MAGIC, HAS_Z, IS_BF16, L)
                 if ci == 0:
                     wa, wb, x0, x1, x2, x3 = w0, w1, p0, p1, p2, p3
                 elif ci == 1:
@@ -267,16 +287,16 @@ def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
                     d0, d1, dx = _chunk_twin(W, X, NP, row0, ccol, kbase, mrow1, live, KX, stride_xm, nmask0,
                                              nmask1, BITS, R, MAGIC)
                     e0, e1, ex = e0 + d0, e1 + d1, ex + dx
-        grp = (uc * UNIT * CK) // GS
-        acc0 += _group_term(S, Z, OFF, SUP, grp, NP, ccol, nmask0, c0, cx, ZC, MAGIC,
-                             HAS_Z, HAS_OFF, HAS_SUP, SUB_E)
-        acc1 += _group_term(S, Z, OFF, SUP, grp, NP, ccol + 2, nmask1, c1, cx, ZC, MAGIC,
-                             HAS_Z, HAS_OFF, HAS_SUP, SUB_E)
-        if NB == 2:
-            acc2 += _group_term(S, Z, OFF, SUP, grp, NP, ccol, nmask0, e0, ex, ZC, MAGIC,
-                                 HAS_Z, HAS_OFF, HAS_SUP, SUB_E)
-            acc3 += _group_term(S, Z, OFF, SUP, grp, NP, ccol + 2, nmask1, e1, ex, ZC, MAGIC,
-                                 HAS_Z, HAS_OFF, HAS_SUP, SUB_E)
+            if PER_GROUP and (ci + 1) % CPG == 0:  # this chunk ends a group
+                acc0, acc1, acc2, acc3 = _add_terms(acc0, acc1, acc2, acc3, c0, c1, cx, e0, e1, ex, S, Z, OFF, SUP,
+                                                    kbase // GS, NP, ccol, nmask0, nmask1, ZC, MAGIC, HAS_Z, HAS_OFF,
+                                                    HAS_SUP, SUB_E, NB)
+                c0, c1, cx = tl.zeros((L, 4), tl.float32), tl.zeros((L, 4), tl.float32), tl.zeros((L, 4), tl.float32)
+                e0, e1, ex = tl.zeros((L, 4), tl.float32), tl.zeros((L, 4), tl.float32), tl.zeros((L, 4), tl.float32)
+        if not PER_GROUP:
+            acc0, acc1, acc2, acc3 = _add_terms(acc0, acc1, acc2, acc3, c0, c1, cx, e0, e1, ex, S, Z, OFF, SUP,
+                                                (uc * UNIT * CK) // GS, NP, ccol, nmask0, nmask1, ZC, MAGIC, HAS_Z,
+                                                HAS_OFF, HAS_SUP, SUB_E, NB)
     out = _frag_to_tile(_warp_sum(acc0, WK, BLOCK_N), _warp_sum(acc1, WK, BLOCK_N), WN)
     if NB == 2:
         out = stack2(out, _frag_to_tile(_warp_sum(acc2, WK, BLOCK_N), _warp_sum(acc3, WK, BLOCK_N), WN))
@@ -317,12 +337,13 @@ def _pow2_floor(v: int) -> int:
 
 
 def units(p: Packed, block_k: int) -> int:
-    """Chunks (field blocks) per loop step: what ``block_k`` asks, at most 4, dividing the group and K."""
+    """Chunks (field blocks) per loop step: what ``block_k`` asks, at most 4, dividing K and either dividing
+    the group or a multiple of it (a step of whole groups)."""
     ck = p.rows_per_block * (32 // p.bits)
     nch = p.kp // ck
     per_group = nch if p.group >= nch * ck else p.group // ck
     u = max(1, min(4, block_k // ck))
-    while u > 1 and (nch % u or per_group % u):
+    while u > 1 and (nch % u or (per_group % u and u % per_group)):  # inside one group, or whole groups
         u //= 2
     return u
 
