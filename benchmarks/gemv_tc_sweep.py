@@ -119,6 +119,7 @@ def fmt(c: Config, p) -> str:
     unit = c.block_k * p.bits // 32 // p.rows_per_block
     shape = f"n{c.block_n // 32}k{c.num_warps * 32 // c.block_n} u{unit} s{c.split_k}"
     flags = [("pf", c.prefetch), ("16r", c.block_m > 8), ("subz", c.sub_zero), ("sx", c.stage_x),
+             ("vp", c.vector_params),
              (f"r{c.max_registers}", c.max_registers)]
     return shape + "".join(f" {name}" for name, on in flags if on)
 
@@ -185,7 +186,8 @@ def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Genera
     rows.sort(key=lambda r: r[0])
     for _, c in rows[:6]:  # the best six again with the zero subtracted in the asm (no Cx MMA), x staged or not
         for v in (replace(c, sub_zero=True), replace(c, sub_zero=True, stage_x=True), replace(c, stage_x=True),
-                  replace(c, sub_zero=True, max_registers=64)):  # 64 registers: 32 warps per SM
+                  replace(c, sub_zero=True, max_registers=64),  # 64 registers: 32 warps per SM
+                  replace(c, sub_zero=True, vector_params=True)):
             us = checked_time(x, ref, ps, v, lock, reps)
             if us is not None:
                 rows.append((us, v))
@@ -249,7 +251,13 @@ def affine(k: int, n: int, reps: int, gen: torch.Generator) -> None:
         t_ship = timed([lambda x, q=q, c=ship: qmm(x, q, c, None, lock) for q in ps], x, reps)
         rows = []
         for c in candidates(p):
-            for v in (c, replace(c, sub_zero=True)):
+            us = checked_time(x, ref, ps, c, lock, reps)
+            if us is not None:
+                rows.append((us, c))
+        rows.sort(key=lambda r: r[0])
+        for _, c in rows[:6]:  # the best six with the zero FMA, per-lane parameter vectors, both
+            for v in (replace(c, sub_zero=True), replace(c, vector_params=True),
+                      replace(c, sub_zero=True, vector_params=True)):
                 us = checked_time(x, ref, ps, v, lock, reps)
                 if us is not None:
                     rows.append((us, v))

@@ -29,7 +29,7 @@ def asm_layouts(bits: int, r: int, wn: int, wk: int, unit: int, nb: int, prefetc
     nf = (32 // bits) * r // 8
     consts = dict(GS=r * (32 // bits), BITS=bits, R=r, ZC=1 << (bits - 1), HAS_Z=False, HAS_OFF=False, HAS_SUP=False,
                   HAS_BIAS=False, WN=wn, WK=wk, UNIT=unit, NB=nb, SPLIT=True, EVEN_K=True, EVEN_N=True,
-                  PREFETCH=prefetch, SUBZ=subz, STAGE_X=stage, SUM_ROWS=4, USE_ASM=True,
+                  PREFETCH=prefetch, SUBZ=subz, STAGE_X=stage, SUM_ROWS=4, VEC_PARAMS=False, USE_ASM=True,
                   ASM=mma_asm(bits, nf, True, nb, subz, not subz), CONSTRAINTS=MMA_CONSTRAINTS)
     names = qmv_tc_kernel.arg_names
     sig = {a: "constexpr" if a in consts else POINTERS.get(a, "i32") for a in names}

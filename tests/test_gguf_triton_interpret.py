@@ -169,7 +169,7 @@ def affine_layer(qtype: G.GGMLType, n: int, k: int) -> tuple[GGUFTritonKernel, n
 @pytest.mark.parametrize(("variant", "m", "dtype"), [("gemv", 3, torch.float16), ("gemv4", 5, torch.bfloat16),
                                                      ("skinny2", 7, torch.bfloat16), ("gemm2", 37, torch.float16),
                                                      ("dense", 9, torch.bfloat16), ("gemv_tc", 9, torch.float16),
-                                                     ("gemv_tc1", 1, torch.bfloat16)])
+                                                     ("gemv_tc1", 1, torch.bfloat16), ("gemv_tcv", 11, torch.bfloat16)])
 def test_affine_runtime_variants_match_oracle(qtype: G.GGMLType, variant: str, m: int, dtype: torch.dtype) -> None:
     """K = 600: a partial 32-group (and for Q4_K a partial super-block) at the end; N = 37: odd columns."""
     from qlinear.kernels.triton.configs import Config
@@ -180,7 +180,8 @@ def test_affine_runtime_variants_match_oracle(qtype: G.GGMLType, variant: str, m
            "skinny2": Config("skinny2", 16, 32, 32, 2, 4, 1),
            "gemm2": Config("gemm2", 32, 32, 32, 3, 4, 1), "dense": Config("dense", 1, 32, 32, 1, 4, 1),
            "gemv_tc": Config("gemv_tc", 16, 32, 32, 3, 2, 1, prefetch=True),  # 2 row sets, 2 warps along K
-           "gemv_tc1": Config("gemv_tc", 8, 64, 32, 2, 2, 1)}[variant]
+           "gemv_tc1": Config("gemv_tc", 8, 64, 32, 2, 2, 1),
+           "gemv_tcv": Config("gemv_tc", 16, 64, 128, 2, 2, 1, vector_params=True)}[variant]  # per-lane vectors
     x = torch.randn(m, 600, generator=torch.Generator().manual_seed(m)).to(dtype)
     y = lay.matmul(x, config=cfg)
     ref = x.double().numpy() @ w64.T + b64

@@ -187,7 +187,8 @@ def test_gemv_tc_tilings_match_oracle(case: tuple, wn: int, warps: int, split: i
                           (("gptq_v2", 2, 32, True, False, torch.int32, 256, 33, torch.float16), 4, 3),
                           (GPTQ[3], 2, 2)],
                          ids=lambda v: f"{v[1]}b-g{v[2]}" if isinstance(v, tuple) else str(v))
-def test_gemv_tc_steps_of_several_groups_match_oracle(case: tuple, unit: int, m: int) -> None:
+@pytest.mark.parametrize("vector_params", [False, True])
+def test_gemv_tc_steps_of_several_groups_match_oracle(case: tuple, unit: int, m: int, vector_params: bool) -> None:
     """Groups smaller than a step (g32 / g64 with 2 or 4 chunks a step, 2-bit g128 with 2 chunks of 128
     codes: each group's terms added after its chunks; asymmetric zeros per group, act-order)."""
     from qlinear.kernels.triton.qmv_tc import units
@@ -197,7 +198,7 @@ def test_gemv_tc_steps_of_several_groups_match_oracle(case: tuple, unit: int, m:
     p = layer.packed()
     ck = p.rows_per_block * 32 // case[1]
     assert units(p, unit * ck) == unit
-    cfg = Config("gemv_tc", 16, 32, unit * ck, 2, 2, 1, prefetch=True)
+    cfg = Config("gemv_tc", 16, 32, unit * ck, 2, 2, 1, prefetch=True, vector_params=vector_params)
     x = torch.randn(m, case[6], generator=torch.Generator().manual_seed(m)).to(case[8])
     y = layer.matmul(x, config=cfg)
     assert rel_err(y, x.double().numpy() @ w64.T + b64) < TOL[case[8]]

@@ -57,6 +57,7 @@ class Config:
     sub_zero: bool = False  # gemv_tc: one FMA per code pair makes q - z (no third MMA summing x)
     stage_x: bool = False  # gemv_tc: x loaded coalesced and dealt to the lanes through shared memory
     sum_values: int = 4  # gemv_tc: partial sums per thread per split the split-K epilogue holds at once
+    vector_params: bool = False  # gemv_tc: a group's parameters loaded once per lane (4 columns) for both tiles
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -144,6 +144,61 @@ def _group_term(S, Z, OFF, SUP, grp, NP, ccol, nmask, c, cx, ZC: tl.constexpr, M
 
 
 @triton.jit
+def _tile_pairs(v, L: tl.constexpr):
+    """``[L, 4]`` values of the lane's 4 word columns -> tile 0's ``(v0, v0, v1, v1)`` and tile 1's
+    ``(v2, v2, v3, v3)`` (the C fragments' columns), moved within the thread."""
+    w = tl.permute(tl.reshape(v, (L, 2, 2)), (0, 2, 1))  # [l, h, i] = v[l, 2 i + h]
+    a, b = tl.split(w)
+    return tl.reshape(tl.join(a, a), (L, 4)), tl.reshape(tl.join(b, b), (L, 4))
+
+
+@triton.jit
+def _lane_params(P, off, nmask, L: tl.constexpr):
+    """One vector load of the group's parameter at the lane's 4 columns, as both tiles' fragments (float32)."""
+    return _tile_pairs(tl.load(P + off, mask=nmask, other=0).to(tl.float32), L)
+
+
+@triton.jit
+def _term(s, zm, o, c, cx, SUBZ: tl.constexpr, HAS_OFF: tl.constexpr):
+    out = s * c if SUBZ else s * (c - zm * cx)
+    if HAS_OFF:
+        out += o * cx
+    return out
+
+
+@triton.jit
+def _add_terms_vec(acc0, acc1, acc2, acc3, c0, c1, cx, e0, e1, ex, S, Z, OFF, SUP, grp, NP, cols, nmask,
+                   ZC: tl.constexpr, MAGIC: tl.constexpr, HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr,
+                   HAS_SUP: tl.constexpr, SUBZ: tl.constexpr, NB: tl.constexpr, L: tl.constexpr):
+    """As ``_add_terms``, each parameter loaded once per lane (4 columns, one vector) for both tiles and row
+    sets."""
+    off = grp * NP + cols
+    s0, s1 = _lane_params(S, off, nmask, L)
+    sup = (grp // SUPER_GROUPS) * (2 * NP) + cols
+    if HAS_SUP:
+        d0, d1 = _lane_params(SUP, sup, nmask, L)
+        s0, s1 = s0 * d0, s1 * d1
+    zm0 = ZC + MAGIC
+    zm1 = ZC + MAGIC
+    if HAS_Z and not SUBZ:
+        zm0, zm1 = _lane_params(Z, off, nmask, L)
+        zm0, zm1 = zm0 + MAGIC, zm1 + MAGIC
+    o0 = 0.0
+    o1 = 0.0
+    if HAS_OFF:
+        o0, o1 = _lane_params(OFF, off, nmask, L)
+        if HAS_SUP:
+            m0, m1 = _lane_params(SUP, sup + NP, nmask, L)
+            o0, o1 = o0 * m0, o1 * m1
+    acc0 += _term(s0, zm0, o0, c0, cx, SUBZ, HAS_OFF)
+    acc1 += _term(s1, zm1, o1, c1, cx, SUBZ, HAS_OFF)
+    if NB == 2:
+        acc2 += _term(s0, zm0, o0, e0, ex, SUBZ, HAS_OFF)
+        acc3 += _term(s1, zm1, o1, e1, ex, SUBZ, HAS_OFF)
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
 def _add_terms(acc0, acc1, acc2, acc3, c0, c1, cx, e0, e1, ex, S, Z, OFF, SUP, grp, NP, ccol, nmask0, nmask1,
                ZC: tl.constexpr, MAGIC: tl.constexpr, HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr,
                HAS_SUP: tl.constexpr, SUBZ: tl.constexpr, NB: tl.constexpr):
@@ -164,8 +219,8 @@ def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
                   HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr, HAS_SUP: tl.constexpr, HAS_BIAS: tl.constexpr,
                   WN: tl.constexpr, WK: tl.constexpr, UNIT: tl.constexpr, NB: tl.constexpr, SPLIT: tl.constexpr,
                   EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, SUBZ: tl.constexpr,
-                  STAGE_X: tl.constexpr, SUM_ROWS: tl.constexpr, USE_ASM: tl.constexpr, ASM: tl.constexpr,
-                  CONSTRAINTS: tl.constexpr):
+                  STAGE_X: tl.constexpr, SUM_ROWS: tl.constexpr, VEC_PARAMS: tl.constexpr, USE_ASM: tl.constexpr,
+                  ASM: tl.constexpr, CONSTRAINTS: tl.constexpr):
     """Grid ``(M / (8 NB), N / (32 WN), SPLIT_K)``: the row sets of one weight tile run side by side, so
     all but the first read its words from L2; ``WN x WK`` warps: ``WN`` strips of 32 columns, each
     walked by ``WK`` warps taking turns over the CTA's steps (their sums meet in shared memory at the end).
@@ -287,13 +342,22 @@ def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
                     d0, d1, dx = _chunk_twin(W, X, NP, row0, ccol, kbase, mrow1, live, KX, stride_xm, nmask0,
                                              nmask1, BITS, R, MAGIC)
                     e0, e1, ex = e0 + d0, e1 + d1, ex + dx
-            if PER_GROUP and (ci + 1) % CPG == 0:  # this chunk ends a group
+            if PER_GROUP and (ci + 1) % CPG == 0 and VEC_PARAMS:  # this chunk ends a group
+                acc0, acc1, acc2, acc3 = _add_terms_vec(acc0, acc1, acc2, acc3, c0, c1, cx, e0, e1, ex, S, Z, OFF,
+                                                        SUP, kbase // GS, NP, cols, nmask, ZC, MAGIC, HAS_Z, HAS_OFF,
+                                                        HAS_SUP, SUB_E, NB, L)
+            elif PER_GROUP and (ci + 1) % CPG == 0:
                 acc0, acc1, acc2, acc3 = _add_terms(acc0, acc1, acc2, acc3, c0, c1, cx, e0, e1, ex, S, Z, OFF, SUP,
                                                     kbase // GS, NP, ccol, nmask0, nmask1, ZC, MAGIC, HAS_Z, HAS_OFF,
                                                     HAS_SUP, SUB_E, NB)
+            if PER_GROUP and (ci + 1) % CPG == 0:
                 c0, c1, cx = tl.zeros((L, 4), tl.float32), tl.zeros((L, 4), tl.float32), tl.zeros((L, 4), tl.float32)
                 e0, e1, ex = tl.zeros((L, 4), tl.float32), tl.zeros((L, 4), tl.float32), tl.zeros((L, 4), tl.float32)
-        if not PER_GROUP:
+        if not PER_GROUP and VEC_PARAMS:
+            acc0, acc1, acc2, acc3 = _add_terms_vec(acc0, acc1, acc2, acc3, c0, c1, cx, e0, e1, ex, S, Z, OFF, SUP,
+                                                    (uc * UNIT * CK) // GS, NP, cols, nmask, ZC, MAGIC, HAS_Z,
+                                                    HAS_OFF, HAS_SUP, SUB_E, NB, L)
+        elif not PER_GROUP:
             acc0, acc1, acc2, acc3 = _add_terms(acc0, acc1, acc2, acc3, c0, c1, cx, e0, e1, ex, S, Z, OFF, SUP,
                                                 (uc * UNIT * CK) // GS, NP, ccol, nmask0, nmask1, ZC, MAGIC, HAS_Z,
                                                 HAS_OFF, HAS_SUP, SUB_E, NB)
@@ -387,7 +451,7 @@ def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, 
         HAS_OFF=p.offsets is not None, HAS_SUP=p.supers is not None, HAS_BIAS=bias is not None, WN=wn,
         WK=warps // wn, UNIT=unit, NB=nb,
         SPLIT=split > 1, EVEN_K=kx == p.kp, EVEN_N=p.np % (32 * wn) == 0, PREFETCH=cfg.prefetch, SUBZ=subz,
-        STAGE_X=cfg.stage_x, SUM_ROWS=sum_rows,
+        STAGE_X=cfg.stage_x, SUM_ROWS=sum_rows, VEC_PARAMS=cfg.vector_params,
         USE_ASM=use_asm, ASM=asm, CONSTRAINTS=MMA_CONSTRAINTS, num_warps=warps, num_stages=1,
         **({"maxnreg": cfg.max_registers} if cfg.max_registers and use_asm else {}))
     return y
