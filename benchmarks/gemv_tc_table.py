@@ -38,8 +38,10 @@ def neighbours(c: Config, m: int, ck: int) -> list[Config]:
     one-program, two-row-set configs (``block_m=16``) under register caps (more resident warps)."""
     out = [replace(c, sum_values=16 if c.sum_values != 16 else 4), replace(c, stage_x=not c.stage_x),
            replace(c, vector_params=not c.vector_params)]
-    if c.block_k >= 2 * ck:  # half the chunks a step (a step of several groups vs one)
+    if c.block_k >= 2 * ck:  # half / twice the chunks a step (steps of whole groups vs inside one)
         out.append(replace(c, block_k=c.block_k // 2))
+    if c.block_k <= 2 * ck:
+        out.append(replace(c, block_k=c.block_k * 2))
     out += [replace(c, max_registers=r) for r in (56, 64, 80) if r != c.max_registers]
     if m > 8:  # (warps along N, chunks per step, register cap)
         for wn, unit, regs in ((4, 1, 56), (4, 1, 64), (4, 1, 72), (4, 1, 80), (2, 1, 64), (2, 1, 72),
