@@ -144,8 +144,15 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         # subtracted per pair, and above 4 rows x staged through shared memory (results/...-2026-12-03-fifth.md).
         # Above 8 rows one program takes both row sets: 4-bit with one field block a step under a 72-register
         # cap, 2-bit 2 warps x 2 blocks (results/h200-gemv_tc_table-2026-12-03-caps.md)
-        ck = 8 * pf
+        # Chunks a step stay inside one group (steps of whole groups measured slower at g128: 14.9 vs 13.5 us,
+        # 12.2 vs 11.2 2-bit; results/h200-gemv_tc_table-2026-12-03-units.md), except groups of 32 codes: two
+        # groups a step (GGUF's float32 affine runtime 20.8-21.0 us there, 21.4 with one: -striped-kquant.md).
+        r = 8
+        while r > 1 and group % (r * pf):
+            r //= 2
+        ck = r * pf
         warps, unit, regs = (4, 4, 0) if m <= 8 else ((4, 1, 72) if bits == 4 else (2, 2, 0))
+        unit = min(unit, group // ck) if group >= 2 * ck else (2 if group <= 32 else 1)
         tiles = -(-n // (32 * warps))
         units = max(1, k // (unit * ck))
         want = max(1, -(-sms * 28 // (tiles * warps)))
