@@ -13,6 +13,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import functools
+from types import SimpleNamespace
 from dataclasses import replace
 
 import numpy as np
@@ -203,6 +204,28 @@ def test_gemv_tc_steps_of_several_groups_match_oracle(case: tuple, unit: int, m:
     y = layer.matmul(x, config=cfg)
     assert rel_err(y, x.double().numpy() @ w64.T + b64) < TOL[case[8]]
     assert int(layer._rt_lock.abs().sum()) == 0
+
+
+def test_shipped_gemv_tc_entries_run_the_chunks_they_state() -> None:
+    """Every shipped gemv_tc entry's block_k is the step it ran on the H200 (``units`` takes it unchanged), and
+    the heuristic keeps steps inside a group except for 32-code groups (two a step)."""
+    from qlinear.kernels.triton import configs
+    from qlinear.kernels.triton.layout import block_rows
+    from qlinear.kernels.triton.qmv_tc import units
+
+    entries = {key: e for dev in configs._tables().values() for key, e in dev["configs"].items()
+               if key.startswith("gemv_tc:")}
+    assert len(entries) >= 30
+    for key, e in entries.items():
+        f = dict(part.split("=") for part in key.split(":")[1:])
+        bits, group, k, n = int(f["b"]), int(f["g"]), int(f["k"]), int(f["n"])
+        ck = block_rows(group, 32 // bits) * 32 // bits
+        p = SimpleNamespace(rows_per_block=ck * bits // 32, bits=bits, kp=k, group=group)
+        assert units(p, e["block_k"]) * ck == e["block_k"], key
+    for bits, group, want in ((4, 128, 2), (2, 128, 1), (4, 32, 2), (2, 32, 2), (4, 64, 1), (4, 1 << 30, 4)):
+        cfg = configs.heuristic("gemv_tc", 132, 1, 4096, 4096, bits, group)
+        ck = block_rows(min(group, 4096), 32 // bits) * 32 // bits
+        assert cfg.block_k == want * ck, (bits, group, cfg.block_k)
 
 
 def test_gemv_tc_is_picked_by_m_and_skipped_where_it_cannot_run() -> None:
