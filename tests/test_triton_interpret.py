@@ -13,8 +13,8 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import functools
-from types import SimpleNamespace
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -218,7 +218,7 @@ def test_shipped_gemv_tc_entries_run_the_chunks_they_state() -> None:
     assert len(entries) >= 30
     for key, e in entries.items():
         f = dict(part.split("=") for part in key.split(":")[1:])
-        bits, group, k, n = int(f["b"]), int(f["g"]), int(f["k"]), int(f["n"])
+        bits, group, k = int(f["b"]), int(f["g"]), int(f["k"])
         ck = block_rows(group, 32 // bits) * 32 // bits
         p = SimpleNamespace(rows_per_block=ck * bits // 32, bits=bits, kp=k, group=group)
         assert units(p, e["block_k"]) * ck == e["block_k"], key
