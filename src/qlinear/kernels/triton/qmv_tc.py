@@ -34,9 +34,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import SUPER_GROUPS, stack2, store_split
+from .common import stack2, store_split
 from .layout import Packed
 from .qmv_tc_asm import MMA_CONSTRAINTS, mma_asm
+from .qmv_tc_groups import group_terms
 from .qmv_tc_x import chunk_x, unit_x
 
 #: activation rows per B operand (the MMA's 8 columns); a program takes one or two such sets
@@ -115,101 +116,6 @@ def _neg_zero_pairs(Z, grp, NP, cols, nmask, ZC: tl.constexpr, MAGIC: tl.constex
         v = tl.full((L, 4), -(ZC + MAGIC), tl.float32)
     h = v.to(tl.bfloat16 if IS_BF16 else tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     return h | (h << 16)
-
-
-@triton.jit
-def _group_term(S, Z, OFF, SUP, grp, NP, ccol, nmask, c, cx, ZC: tl.constexpr, MAGIC: tl.constexpr,
-                HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr, HAS_SUP: tl.constexpr, SUBZ: tl.constexpr):
-    """A tile's contribution of one step: ``s (C - (m + z) Cx) (+ o Cx)`` with the group's parameters
-    (``s C (+ o Cx)`` when the MMA already took ``q - z``; ``HAS_SUP``: ``s``, ``o`` times the super-group's
-    pair, as ``common.load_group``)."""
-    s = tl.load(S + grp * NP + ccol, mask=nmask, other=0.0).to(tl.float32)
-    sup = (grp // SUPER_GROUPS) * (2 * NP) + ccol
-    if HAS_SUP:
-        s = s * tl.load(SUP + sup, mask=nmask, other=0.0)
-    if SUBZ:
-        out = s * c
-    else:
-        if HAS_Z:  # noqa: SIM108 (constexpr branch)
-            zm = tl.load(Z + grp * NP + ccol, mask=nmask, other=0).to(tl.float32) + MAGIC
-        else:
-            zm = ZC + MAGIC
-        out = s * (c - zm * cx)
-    if HAS_OFF:
-        o = tl.load(OFF + grp * NP + ccol, mask=nmask, other=0.0).to(tl.float32)
-        if HAS_SUP:
-            o = o * tl.load(SUP + sup + NP, mask=nmask, other=0.0)
-        out += o * cx
-    return out
-
-
-@triton.jit
-def _tile_pairs(v, L: tl.constexpr):
-    """``[L, 4]`` values of the lane's 4 word columns -> tile 0's ``(v0, v0, v1, v1)`` and tile 1's
-    ``(v2, v2, v3, v3)`` (the C fragments' columns), moved within the thread."""
-    w = tl.permute(tl.reshape(v, (L, 2, 2)), (0, 2, 1))  # [l, h, i] = v[l, 2 i + h]
-    a, b = tl.split(w)
-    return tl.reshape(tl.join(a, a), (L, 4)), tl.reshape(tl.join(b, b), (L, 4))
-
-
-@triton.jit
-def _lane_params(P, off, nmask, L: tl.constexpr):
-    """One vector load of the group's parameter at the lane's 4 columns, as both tiles' fragments (float32)."""
-    return _tile_pairs(tl.load(P + off, mask=nmask, other=0).to(tl.float32), L)
-
-
-@triton.jit
-def _term(s, zm, o, c, cx, SUBZ: tl.constexpr, HAS_OFF: tl.constexpr):
-    out = s * c if SUBZ else s * (c - zm * cx)
-    if HAS_OFF:
-        out += o * cx
-    return out
-
-
-@triton.jit
-def _add_terms_vec(acc0, acc1, acc2, acc3, c0, c1, cx, e0, e1, ex, S, Z, OFF, SUP, grp, NP, cols, nmask,
-                   ZC: tl.constexpr, MAGIC: tl.constexpr, HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr,
-                   HAS_SUP: tl.constexpr, SUBZ: tl.constexpr, NB: tl.constexpr, L: tl.constexpr):
-    """As ``_add_terms``, each parameter loaded once per lane (4 columns, one vector) for both tiles and row
-    sets."""
-    off = grp * NP + cols
-    s0, s1 = _lane_params(S, off, nmask, L)
-    sup = (grp // SUPER_GROUPS) * (2 * NP) + cols
-    if HAS_SUP:
-        d0, d1 = _lane_params(SUP, sup, nmask, L)
-        s0, s1 = s0 * d0, s1 * d1
-    zm0 = ZC + MAGIC
-    zm1 = ZC + MAGIC
-    if HAS_Z and not SUBZ:
-        zm0, zm1 = _lane_params(Z, off, nmask, L)
-        zm0, zm1 = zm0 + MAGIC, zm1 + MAGIC
-    o0 = 0.0
-    o1 = 0.0
-    if HAS_OFF:
-        o0, o1 = _lane_params(OFF, off, nmask, L)
-        if HAS_SUP:
-            m0, m1 = _lane_params(SUP, sup + NP, nmask, L)
-            o0, o1 = o0 * m0, o1 * m1
-    acc0 += _term(s0, zm0, o0, c0, cx, SUBZ, HAS_OFF)
-    acc1 += _term(s1, zm1, o1, c1, cx, SUBZ, HAS_OFF)
-    if NB == 2:
-        acc2 += _term(s0, zm0, o0, e0, ex, SUBZ, HAS_OFF)
-        acc3 += _term(s1, zm1, o1, e1, ex, SUBZ, HAS_OFF)
-    return acc0, acc1, acc2, acc3
-
-
-@triton.jit
-def _add_terms(acc0, acc1, acc2, acc3, c0, c1, cx, e0, e1, ex, S, Z, OFF, SUP, grp, NP, ccol, nmask0, nmask1,
-               ZC: tl.constexpr, MAGIC: tl.constexpr, HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr,
-               HAS_SUP: tl.constexpr, SUBZ: tl.constexpr, NB: tl.constexpr):
-    """The accumulators plus group ``grp``'s terms of both tiles (and of the second row set)."""
-    acc0 += _group_term(S, Z, OFF, SUP, grp, NP, ccol, nmask0, c0, cx, ZC, MAGIC, HAS_Z, HAS_OFF, HAS_SUP, SUBZ)
-    acc1 += _group_term(S, Z, OFF, SUP, grp, NP, ccol + 2, nmask1, c1, cx, ZC, MAGIC, HAS_Z, HAS_OFF, HAS_SUP, SUBZ)
-    if NB == 2:
-        acc2 += _group_term(S, Z, OFF, SUP, grp, NP, ccol, nmask0, e0, ex, ZC, MAGIC, HAS_Z, HAS_OFF, HAS_SUP, SUBZ)
-        acc3 += _group_term(S, Z, OFF, SUP, grp, NP, ccol + 2, nmask1, e1, ex, ZC, MAGIC, HAS_Z, HAS_OFF, HAS_SUP,
-                            SUBZ)
-    return acc0, acc1, acc2, acc3
 
 
 @triton.jit
@@ -342,25 +248,16 @@ def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
                     d0, d1, dx = _chunk_twin(W, X, NP, row0, ccol, kbase, mrow1, live, KX, stride_xm, nmask0,
                                              nmask1, BITS, R, MAGIC)
                     e0, e1, ex = e0 + d0, e1 + d1, ex + dx
-            if PER_GROUP and (ci + 1) % CPG == 0 and VEC_PARAMS:  # this chunk ends a group
-                acc0, acc1, acc2, acc3 = _add_terms_vec(acc0, acc1, acc2, acc3, c0, c1, cx, e0, e1, ex, S, Z, OFF,
-                                                        SUP, kbase // GS, NP, cols, nmask, ZC, MAGIC, HAS_Z, HAS_OFF,
-                                                        HAS_SUP, SUB_E, NB, L)
-            elif PER_GROUP and (ci + 1) % CPG == 0:
-                acc0, acc1, acc2, acc3 = _add_terms(acc0, acc1, acc2, acc3, c0, c1, cx, e0, e1, ex, S, Z, OFF, SUP,
-                                                    kbase // GS, NP, ccol, nmask0, nmask1, ZC, MAGIC, HAS_Z, HAS_OFF,
-                                                    HAS_SUP, SUB_E, NB)
-            if PER_GROUP and (ci + 1) % CPG == 0:
+            if PER_GROUP and (ci + 1) % CPG == 0:  # this chunk ends a group
+                acc0, acc1, acc2, acc3 = group_terms(acc0, acc1, acc2, acc3, c0, c1, cx, e0, e1, ex, S, Z, OFF, SUP,
+                                                     kbase // GS, NP, cols, ccol, nmask, nmask0, nmask1, ZC, MAGIC,
+                                                     HAS_Z, HAS_OFF, HAS_SUP, SUB_E, NB, L, VEC_PARAMS)
                 c0, c1, cx = tl.zeros((L, 4), tl.float32), tl.zeros((L, 4), tl.float32), tl.zeros((L, 4), tl.float32)
                 e0, e1, ex = tl.zeros((L, 4), tl.float32), tl.zeros((L, 4), tl.float32), tl.zeros((L, 4), tl.float32)
-        if not PER_GROUP and VEC_PARAMS:
-            acc0, acc1, acc2, acc3 = _add_terms_vec(acc0, acc1, acc2, acc3, c0, c1, cx, e0, e1, ex, S, Z, OFF, SUP,
-                                                    (uc * UNIT * CK) // GS, NP, cols, nmask, ZC, MAGIC, HAS_Z,
-                                                    HAS_OFF, HAS_SUP, SUB_E, NB, L)
-        elif not PER_GROUP:
-            acc0, acc1, acc2, acc3 = _add_terms(acc0, acc1, acc2, acc3, c0, c1, cx, e0, e1, ex, S, Z, OFF, SUP,
-                                                (uc * UNIT * CK) // GS, NP, ccol, nmask0, nmask1, ZC, MAGIC, HAS_Z,
-                                                HAS_OFF, HAS_SUP, SUB_E, NB)
+        if not PER_GROUP:
+            acc0, acc1, acc2, acc3 = group_terms(acc0, acc1, acc2, acc3, c0, c1, cx, e0, e1, ex, S, Z, OFF, SUP,
+                                                 (uc * UNIT * CK) // GS, NP, cols, ccol, nmask, nmask0, nmask1, ZC,
+                                                 MAGIC, HAS_Z, HAS_OFF, HAS_SUP, SUB_E, NB, L, VEC_PARAMS)
     out = _frag_to_tile(_warp_sum(acc0, WK, BLOCK_N), _warp_sum(acc1, WK, BLOCK_N), WN)
     if NB == 2:
         out = stack2(out, _frag_to_tile(_warp_sum(acc2, WK, BLOCK_N), _warp_sum(acc3, WK, BLOCK_N), WN))
