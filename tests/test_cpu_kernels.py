@@ -81,15 +81,16 @@ def rel_err(y: torch.Tensor, x: torch.Tensor, w64: np.ndarray, bias: torch.Tenso
     return float(np.abs(y.double().numpy() - ref).max() / np.abs(ref).max())
 
 
-def paths_of(layer: QuantLinear) -> list[cpu_int4.Path | None]:
-    """Every path an int4 layer can take here (None for the 8-bit kernel: its own rule)."""
+def paths_of(layer: QuantLinear, m: int = 1) -> list[cpu_int4.Path | None]:
+    """Every path an int4 layer can take here for ``m`` rows (None for the 8-bit kernel: its own rule); the
+    native extra's kernels by what this CPU has (without AMX only the M=1 GEMV)."""
     if not isinstance(layer, cpu_int4.Int4PackMixin):
         return [None]
     layer.ensure_prepared()
     rt, paths = layer._rt, [cpu_int4.Path.DECODE]
     if rt.op:
         paths.append(cpu_int4.Path.OP)
-    if native_int4.kernel_for(1, rt.group, rt.block, rt.k_pad) is not None:
+    if native_int4.kernel_for(m, rt.group, rt.block, rt.k_pad) is not None:
         paths.append(cpu_int4.Path.NATIVE)
     return paths
 
@@ -125,7 +126,7 @@ def test_forward_matches_float64_oracle(cls, group, sym, desc_act) -> None:
     w64 = oracle(layer)
     for dtype, m in itertools.product(dtypes, (1, 3, 37)):
         x = torch.randn(m, layer.in_features).to(dtype)
-        for path in paths_of(layer):
+        for path in paths_of(layer, m):
             with forced(layer, path):
                 y = layer(x)
             assert y.dtype == dtype and y.shape == (m, n)
@@ -140,7 +141,7 @@ def test_paths_agree_and_amx_is_preferred(cls) -> None:
     layer = build(cls, 4, 128, False, False, 512, 64, torch.bfloat16)
     x = torch.randn(5, 512, dtype=torch.bfloat16)
     outs = {}
-    for path in paths_of(layer):
+    for path in paths_of(layer, 5):
         with forced(layer, path):
             outs[path] = layer(x).float()
     ref = outs[cpu_int4.Path.DECODE]
