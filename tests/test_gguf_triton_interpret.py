@@ -221,6 +221,17 @@ def test_q4_k_runtime_keeps_its_sub_scales_as_bytes() -> None:
     assert q41.supers is None and q41.scales.dtype == torch.float32
 
 
+def test_build_kquant_names_what_it_expected() -> None:
+    from qlinear.kernels.triton.layout import build_kquant
+
+    codes = torch.zeros(4, 512, dtype=torch.uint8)
+    sc = torch.zeros(4, 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"sc, mins: expected uint8 \[4, 16\]"):
+        build_kquant(codes, sc, sc.float(), torch.ones(4, 2), torch.ones(4, 2))
+    with pytest.raises(ValueError, match=r"d, dmin: expected \[4, 2\] \(one per 8 groups of 32\)"):
+        build_kquant(codes, sc, sc, torch.ones(4, 3), torch.ones(4, 2))
+
+
 def test_affine_runtime_is_only_for_affine_4bit_types() -> None:
     lay, _, _ = layer(G.GGMLType.Q6_K, 37, 600)
     six = GGUFTritonKernel(G.scheme_for(G.GGMLType.Q6_K, 600, 37), bias=True, affine_runtime=True)

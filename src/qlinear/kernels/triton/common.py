@@ -11,6 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .layout import SUPER_GROUPS as _SUPER_GROUPS
+
 
 @triton.jit
 def kpos(j, rows, R: tl.constexpr, PF: tl.constexpr):
@@ -18,8 +20,8 @@ def kpos(j, rows, R: tl.constexpr, PF: tl.constexpr):
     return (rows // R) * (R * PF) + j * R + rows % R
 
 
-#: groups per super-scale (``layout.build_kquant``: K-quants' 256-value super-blocks of 32-value groups)
-SUPER_GROUPS = tl.constexpr(8)
+#: groups per super-scale pair (``layout.SUPER_GROUPS``), as a compile-time value for the kernels
+SUPER_GROUPS = tl.constexpr(_SUPER_GROUPS)
 
 
 @triton.jit
@@ -28,7 +30,7 @@ def load_group(S, Z, OFF, SUP, g, cols, NP, ok, BLOCK_N: tl.constexpr, ZC: tl.co
     """Scale, zero point and offset (float32) of groups ``g`` at columns ``cols`` of the ``[G, NP]`` tensors; the
     zero is the constant ``ZC`` without a zeros tensor, the offset 0 without ``HAS_OFF``. ``HAS_SUP``: the
     scales and offsets are small integers (uint8) times their super-group's float32 pair in ``SUP``
-    (``[G / 8, 2, NP]``: ``d``, ``-dmin``), products exact in float32."""
+    (``[2 ceil(G / 8), NP]``: rows ``d``, ``-dmin`` per super-group), products exact in float32."""
     off = g * NP + cols
     s = tl.load(S + off, mask=ok, other=0.0).to(tl.float32)
     if HAS_Z:  # noqa: SIM108 (constexpr branch)

@@ -33,6 +33,8 @@ from .configs import CHANNELWISE
 
 N_ALIGN = 16
 MAX_BLOCK_ROWS = 8
+#: 32-value groups per super-scale pair (K-quants' 256-value super-blocks; ``build_kquant``)
+SUPER_GROUPS = 8
 
 
 @dataclass(frozen=True)
@@ -183,10 +185,10 @@ def build_kquant(codes: torch.Tensor, sc: torch.Tensor, mins: torch.Tensor, d: t
     if sc.dtype != torch.uint8 or mins.dtype != torch.uint8 or tuple(mins.shape) != (n, g):
         raise ValueError(f"sc, mins: expected uint8 [{n}, {g}], got {sc.dtype} {list(sc.shape)} and "
                          f"{mins.dtype} {list(mins.shape)}")
-    g8 = -(-g // 8)
+    g8 = -(-g // SUPER_GROUPS)
     if tuple(d.shape) != (n, g8) or tuple(dmin.shape) != (n, g8):
-        raise ValueError(f"d, dmin: expected [{n}, {g8}] (one per 8 groups of 32), got {list(d.shape)} and "
-                         f"{list(dmin.shape)}")
+        raise ValueError(f"d, dmin: expected [{n}, {g8}] (one per {SUPER_GROUPS} groups of 32), got "
+                         f"{list(d.shape)} and {list(dmin.shape)}")
     p = build(codes, sc, torch.zeros(1, dtype=torch.int32), torch.arange(k) // 32, bits, scale_dtype=torch.uint8)
     o = torch.zeros(g, p.np, dtype=torch.uint8, device=codes.device)
     o[:, :n] = mins.t()
