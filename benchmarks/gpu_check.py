@@ -33,7 +33,8 @@ SHAPES = ((2048, 1536), (2144, 1000), (1056, 777), (4096, 512))  # K x N: K tail
 M_VARIANT = ((1, "auto"), (4, "auto"), (1, "gemv_tc"), (5, "gemv_tc"), (8, "gemv_tc"), (13, "gemv_tc"),
              (1, "gemv"), (2, "gemv"), (3, "gemv"), (6, "gemv"),
              (16, "skinny"), (5, "skinny2"), (16, "skinny2"), (1, "skinny3"), (5, "skinny3"),
-             (16, "skinny3"), (33, "gemm"), (128, "gemm"), (33, "gemm2"), (128, "gemm2"), (1024, "dense"))
+             (16, "skinny3"), (33, "gemm"), (128, "gemm"), (33, "gemm2"), (128, "gemm2"), (33, "gemm3"),
+             (200, "gemm3"), (1024, "dense"))
 
 
 def random_affine(n: int, k: int, bits: int, group: int, sym: bool, desc: bool, gen: torch.Generator) -> AffineWeight:
@@ -72,7 +73,7 @@ def check_layer(layer: TritonV2Linear, q: AffineWeight, bias: torch.Tensor | Non
     from qlinear.kernels.triton.qmv_tc import tc_reasons
 
     for m, variant in M_VARIANT:
-        if variant == "skinny3" and skinny3_reasons(layer.packed(), m, dtype):
+        if variant in ("skinny3", "gemm3") and skinny3_reasons(layer.packed(), m, dtype, variant):
             continue  # not declared for this layer (4-bit, 2+ word rows per field block): nothing to check
         if variant == "gemv_tc" and tc_reasons(layer.packed(), m, dtype):
             continue  # 2/4-bit, field blocks of 2+ word rows

@@ -23,7 +23,7 @@ import torch
 from qlinear import Scheme, quantize_rtn
 from qlinear.affine import AffineWeight
 from qlinear.caps import Problem
-from qlinear.kernels.triton.configs import Config
+from qlinear.kernels.triton.configs import VARIANTS, Config
 from qlinear.kernels.triton_awq import AwqGEMMTritonLinear
 from qlinear.kernels.triton_gptq import TritonV2Linear
 from qlinear.packing import hf_repack_layer
@@ -96,13 +96,14 @@ def forced(variant: str, bits: int) -> tuple[Config, int]:
         "skinny2": (Config("skinny2", 16, 32, 32, 2, 4, 1), 7),
         "skinny3": (Config("skinny3", 16, 32, 32, 3, 4, 1), 7),
         "gemm2": (Config("gemm2", 32, 32, 64, 3, 4, 1), 37),
+        "gemm3": (Config("gemm3", 16, 32, 32, 3, 4, 1), 37),
         "dense": (Config("dense", 1, 32, 8 * pf, 1, 4, 1), 9),
         # one 32-column strip walked by 2 warps in turn, two 8-row sets, next step prefetched
         "gemv_tc": (Config("gemv_tc", 16, 32, 128, 3, 2, 1, prefetch=True), 13),
     }[variant]
 
 
-@pytest.mark.parametrize("variant", ["gemv_tc", "gemv", "skinny", "skinny2", "skinny3", "gemm", "gemm2", "dense"])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", GPTQ, ids=lambda c: f"{c[0]}-{c[1]}b-g{c[2]}-{'sym' if c[3] else 'asym'}"
                          f"{'-act' if c[4] else ''}-{str(c[8])[6:]}")
 def test_gptq_variant_matches_oracle(case: tuple, variant: str) -> None:
@@ -110,7 +111,7 @@ def test_gptq_variant_matches_oracle(case: tuple, variant: str) -> None:
     cfg, m = forced(variant, case[1])
     dtype = case[8]
     x = torch.randn(m, case[6], generator=torch.Generator().manual_seed(m)).to(dtype)
-    if (variant == "skinny3" and case[1] != 4) or (variant == "gemv_tc" and case[1] == 8):
+    if (variant in ("skinny3", "gemm3") and case[1] != 4) or (variant == "gemv_tc" and case[1] == 8):
         with pytest.raises(ValueError, match=f"{variant} cannot run this call: {case[1]}-bit words"):
             layer.matmul(x, config=cfg)
         return
@@ -264,9 +265,9 @@ def test_irregular_groups_are_padded() -> None:
     w64 = dequantize_checkpoint(sd, bits, k, n, "gptq_v2")
     assert layer.packed().kp > k  # padded
     x = torch.randn(5, k, dtype=torch.float16)
-    for variant in ("gemv_tc", "gemv", "skinny", "skinny2", "skinny3", "gemm", "gemm2", "dense"):
+    for variant in VARIANTS:
         cfg, _ = forced(variant, bits)
-        if variant in ("skinny3", "gemv_tc"):  # groups padded to 40 rows: no 2-row field blocks inside a group
+        if variant in ("skinny3", "gemm3", "gemv_tc"):  # groups padded to 40 rows: no 2-row field blocks inside a group
             with pytest.raises(ValueError, match="field blocks of 1 word rows"):
                 layer.matmul(x, config=cfg)
             continue
@@ -284,7 +285,7 @@ def test_awq_gemm_matches_oracle(group: int, sym: bool, dtype: torch.dtype) -> N
     layer.prepare()
     sd = {name: t.numpy() for name, t in layer.state_dict().items()}
     w64 = awq_numpy.dequantize("gemm", sd, 4, k, n, layer.scheme.group_size)
-    for variant in ("gemv_tc", "gemv", "skinny", "skinny2", "skinny3", "gemm", "gemm2", "dense"):
+    for variant in VARIANTS:
         cfg, m = forced(variant, 4)
         x = torch.randn(m, k).to(dtype)
         assert rel_err(layer.matmul(x, config=cfg), x.double().numpy() @ w64.T) < TOL[dtype]

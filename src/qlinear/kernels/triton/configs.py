@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from typing import Any
 
-VARIANTS = ("gemv_tc", "gemv", "skinny3", "skinny", "skinny2", "gemm", "gemm2", "dense")
+VARIANTS = ("gemv_tc", "gemv", "skinny3", "skinny", "skinny2", "gemm", "gemm2", "gemm3", "dense")
 #: group length the kernels use for "one group spans K" (any block is inside group 0)
 CHANNELWISE = 1 << 30
 #: default crossovers (largest M bucket served), used when the table has none for a device/bits
@@ -182,6 +182,11 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         bk = 128
         split = min(32, _split(-(-n // 128), -(-k // bk), sms, 4, 2))
         return Config("skinny3", 16, 128, bk, split, 4, 3)
+    if variant == "gemm3":  # skinny3's swap-AB wgmma over M tiles: 128 channels x 128 rows, 8 warps
+        bm = 64 if m <= 64 else 128
+        tiles = -(-m // bm) * -(-n // 128)
+        split = _split(tiles, -(-k // 64), sms, 1, 8)
+        return Config("gemm3", bm, 128, 64, split, 8, 4)
     if variant == "gemm2":  # wgmma tiles (64 rows per warpgroup), 8 warps
         bm = 64 if m <= 64 else 128
         bn = 128 if n >= 128 else max(32, 1 << (n - 1).bit_length())
@@ -222,7 +227,7 @@ def choose(device: str, sms: int, m: int, n: int, k: int, bits: int, group: int,
 def legal(cfg: Config, m: int, k: int, bits: int) -> Config:
     """Clamp a config to what the kernels accept for this call (powers of two, dot minimums, split range)."""
     pf = 32 // bits
-    bk = max(cfg.block_k, pf, 16 * (cfg.variant in ("skinny", "gemm", "skinny2", "gemm2", "skinny3")))
+    bk = max(cfg.block_k, pf, 16 * (cfg.variant in ("skinny", "gemm", "skinny2", "gemm2", "skinny3", "gemm3")))
     if cfg.variant == "gemv_tc":  # warps: block_n / 32 along N, the rest along K (qmv_tc.py)
         wn = max(1, min(cfg.num_warps, cfg.block_n // 32))
         return replace(cfg, block_m=16 if m > 8 and cfg.block_m > 8 else 8, block_n=32 * wn, num_stages=1,

@@ -266,7 +266,7 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
         return y
     if cfg.variant in V2:
         return qmm2(x2, p, cfg, bias, lock, y)
-    if cfg.variant == "skinny3":
+    if cfg.variant in ("skinny3", "gemm3"):
         from ..triton_gptq import interpreting
         from .qmm3 import qmm3
 

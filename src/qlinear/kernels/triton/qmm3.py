@@ -75,15 +75,19 @@ def qmm3_kernel(X, W, S, Z, BIAS, Y, PART, LOCK,
                 R: tl.constexpr, ZC: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                 EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, USE_ASM: tl.constexpr):
-    """Grid ``(N tiles, SPLIT_K)``; x is in sorted order (gathered once when act-order), M <= BLOCK_M."""
+    """Grid ``(M tiles x N tiles, SPLIT_K)``, M tiles fastest (CTAs sharing a weight tile run together); x is
+    in sorted order (gathered once when act-order)."""
     BKW: tl.constexpr = BLOCK_K // 8
     NB: tl.constexpr = BKW // R
     IS_BF16: tl.constexpr = X.dtype.element_ty == tl.bfloat16
     MAGIC: tl.constexpr = 128.0 if IS_BF16 else 1024.0
-    pid_n = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    pid = tl.program_id(0)
+    pid_m = pid % tiles_m
+    pid_n = pid // tiles_m
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
     nmask = (offs_n < NP) | EVEN_N
     nkb = tl.cdiv(KW, BKW)
@@ -123,7 +127,7 @@ def qmm3_kernel(X, W, S, Z, BIAS, Y, PART, LOCK,
         else:
             xt = tl.load(xt_ptr, mask=mcol & (xk < K)[:, None], other=0.0)
         acc = tl.dot(a, xt, acc)
-    store_split(Y, BIAS, PART, LOCK, tl.trans(acc), offs_m, offs_n, M, N, stride_ym, pid_n, pid_k, SPLIT_K,
+    store_split(Y, BIAS, PART, LOCK, tl.trans(acc), offs_m, offs_n, M, N, stride_ym, pid, pid_k, SPLIT_K,
                 HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N, BLOCK_M)
 
 
@@ -136,13 +140,13 @@ def block_k3(p: Packed, block_k: int) -> int:
     return bk
 
 
-def skinny3_reasons(p: Packed, m: int, dtype: torch.dtype) -> list[str]:
-    """Why ``skinny3`` cannot run this call ([] when it can)."""
+def skinny3_reasons(p: Packed, m: int, dtype: torch.dtype, variant: str = "skinny3") -> list[str]:
+    """Why ``skinny3`` (or ``gemm3``, the same kernel over M tiles) cannot run this call ([] when it can)."""
     out = []
     if p.bits != 4:
-        out.append(f"{p.bits}-bit words (skinny3 pairs 4-bit codes)")
-    if m > 16:
-        out.append(f"M={m} > 16 (one 16-row activation tile)")
+        out.append(f"{p.bits}-bit words ({variant} pairs 4-bit codes)")
+    if m > 16 and variant == "skinny3":
+        out.append(f"M={m} > 16 (one 16-row activation tile; gemm3 tiles M)")
     if dtype not in (torch.float16, torch.bfloat16):
         out.append(f"activation dtype {dtype} (float16 / bfloat16 only)")
     if p.offsets is not None:
@@ -158,15 +162,16 @@ def qmm3(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lo
     from .qmm import gather_cols
 
     m = x2.shape[0]
-    why = skinny3_reasons(p, m, x2.dtype)
+    why = skinny3_reasons(p, m, x2.dtype, cfg.variant)
     if why:
-        raise ValueError("skinny3 cannot run this call: " + "; ".join(why))
+        raise ValueError(f"{cfg.variant} cannot run this call: " + "; ".join(why))
     if p.perm is not None:
         x2, kx = gather_cols(x2, p), p.kp
     else:
         kx = p.k
     bk = block_k3(p, cfg.block_k)
-    tiles = triton.cdiv(p.n, cfg.block_n)
+    bm = 16 if cfg.variant == "skinny3" else cfg.block_m
+    tiles = triton.cdiv(m, bm) * triton.cdiv(p.n, cfg.block_n)
     split = cfg.split_k if lock is not None and tiles <= lock.numel() else 1
     part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
     qmm3_kernel[(tiles, split)](
@@ -174,7 +179,7 @@ def qmm3(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lo
         bias if bias is not None else y, y, part, lock if lock is not None else p.qweight,
         m, p.n, kx, p.kw, p.np, split, x2.stride(0), y.stride(0),
         GS=p.group, R=p.rows_per_block, ZC=p.zero_const, HAS_Z=p.zeros is not None, HAS_BIAS=bias is not None,
-        BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=bk, SPLIT=split > 1,
+        BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=bk, SPLIT=split > 1,
         EVEN_K=kx == p.kp and p.kp % bk == 0, EVEN_N=p.np % cfg.block_n == 0, USE_ASM=use_asm,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
