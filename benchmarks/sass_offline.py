@@ -101,7 +101,7 @@ def main() -> int:
             bk = max(cfg.block_k, fb) // fb * fb
             three = dict(GS=group, R=r, ZC=common["ZC"], HAS_Z=False, HAS_BIAS=False, BLOCK_M=16,
                          BLOCK_N=cfg.block_n, BLOCK_K=bk, SPLIT=cfg.split_k > 1, EVEN_K=True, EVEN_N=True,
-                         USE_ASM=True)
+                         USE_ASM=True, PREFETCH=False)
             kern = compile_one(qmm3_kernel, three, cfg.num_warps, cfg.num_stages)
         elif variant in V2:
             fb = r * pf

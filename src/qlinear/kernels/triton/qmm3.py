@@ -63,6 +63,18 @@ def _fields_f16(w, s, zc):
 
 
 @triton.jit
+def _settled(acc):
+    """``acc`` through an opaque copy (ptxas drops it): a use outside a dot, so Triton waits for every wgmma of
+    the step before the next one starts.
+
+    Left alone, Triton 3.6 pipelines the loop's wgmma with ``pendings = dots - 1`` (triton-lang/triton#9433):
+    up to three of a step's four may still be reading their A registers when the next step's dequantization
+    writes them, which on the H200 gave NaN outputs now and then (gemm3 128x128x64, 8 warps, 4 stages). With
+    the copy the step's wgmma issue back to back as one group and are waited once (offline SASS, sm_90)."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def _field(w, s, z, j: tl.constexpr):
     """Plain-Triton twin of one asm output (the interpreter path): ``(q_j - z) * s`` in the activation dtype."""
     q = ((w >> (4 * j)) & 0xF).to(tl.float32)
@@ -70,17 +82,46 @@ def _field(w, s, z, j: tl.constexpr):
 
 
 @triton.jit
+def _weight_tile(W, S, Z, kb, offs_n, nmask, KW, NP, GS: tl.constexpr, R: tl.constexpr, ZC: tl.constexpr,
+                 HAS_Z: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                 EVEN_N: tl.constexpr, USE_ASM: tl.constexpr, dt: tl.constexpr):
+    """K step ``kb``'s dequantized weights ``[BN, BK]`` in the activation dtype, rows in sorted order."""
+    BKW: tl.constexpr = BLOCK_K // 8
+    NB: tl.constexpr = BKW // R
+    MAGIC: tl.constexpr = 128.0 if dt == tl.bfloat16 else 1024.0
+    g = kb * BLOCK_K // GS  # BLOCK_K divides the group length: one scale row per step
+    s1 = tl.load(S + g * NP + offs_n, mask=nmask, other=0.0).to(dt)
+    if HAS_Z:
+        z1 = tl.load(Z + g * NP + offs_n, mask=nmask, other=0).to(tl.float32)
+    else:
+        z1 = tl.full([BLOCK_N], ZC, tl.float32)
+    rows = kb * BKW + tl.arange(0, BKW)
+    w = tl.trans(load_words(W, rows, offs_n, KW, NP, EVEN_K, EVEN_N))  # [BN, BKW]: word rows last
+    s = tl.broadcast_to(s1[:, None], (BLOCK_N, BKW))
+    if USE_ASM:
+        zc = tl.broadcast_to((z1 + MAGIC).to(dt)[:, None], (BLOCK_N, BKW))
+        if dt == tl.bfloat16:
+            o0, o1, o2, o3, o4, o5, o6, o7 = _fields_bf16(w, s, zc)
+        else:
+            o0, o1, o2, o3, o4, o5, o6, o7 = _fields_f16(w, s, zc)
+    else:
+        z = tl.broadcast_to(z1[:, None], (BLOCK_N, BKW))
+        o0, o1, o2, o3 = _field(w, s, z, 0), _field(w, s, z, 1), _field(w, s, z, 2), _field(w, s, z, 3)
+        o4, o5, o6, o7 = _field(w, s, z, 4), _field(w, s, z, 5), _field(w, s, z, 6), _field(w, s, z, 7)
+    # [BN, BKW, 8] with fields in join order 0..7, then tile row a*8R + j*R + r = field j of word row a*R + r
+    q = tl.join(tl.join(tl.join(o0, o4), tl.join(o2, o6)), tl.join(tl.join(o1, o5), tl.join(o3, o7)))
+    return tl.reshape(tl.permute(tl.reshape(q, (BLOCK_N, NB, R, 8)), (0, 1, 3, 2)), (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
 def qmm3_kernel(X, W, S, Z, BIAS, Y, PART, LOCK,
                 M, N, K, KW, NP, SPLIT_K, stride_xm, stride_ym, GS: tl.constexpr,
                 R: tl.constexpr, ZC: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, USE_ASM: tl.constexpr):
+                EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, USE_ASM: tl.constexpr, PREFETCH: tl.constexpr):
     """Grid ``(M tiles x N tiles, SPLIT_K)``, M tiles fastest (CTAs sharing a weight tile run together); x is
     in sorted order (gathered once when act-order)."""
     BKW: tl.constexpr = BLOCK_K // 8
-    NB: tl.constexpr = BKW // R
-    IS_BF16: tl.constexpr = X.dtype.element_ty == tl.bfloat16
-    MAGIC: tl.constexpr = 128.0 if IS_BF16 else 1024.0
     tiles_m = tl.cdiv(M, BLOCK_M)
     pid = tl.program_id(0)
     pid_m = pid % tiles_m
@@ -96,37 +137,28 @@ def qmm3_kernel(X, W, S, Z, BIAS, Y, PART, LOCK,
     kb1 = tl.minimum(kb0 + per, nkb)
     mcol = (offs_m < M)[None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if PREFETCH:  # step kb0's tile; each step then dequantizes the next one while its wgmma run
+        a = _weight_tile(W, S, Z, tl.minimum(kb0, nkb - 1), offs_n, nmask, KW, NP, GS, R, ZC, HAS_Z, BLOCK_N,
+                         BLOCK_K, EVEN_K, EVEN_N, USE_ASM, X.dtype.element_ty)
     for kb in range(kb0, kb1):
         k0 = kb * BLOCK_K
-        g = k0 // GS  # BLOCK_K divides the group length: one scale row per step
-        s1 = tl.load(S + g * NP + offs_n, mask=nmask, other=0.0).to(X.dtype.element_ty)
-        if HAS_Z:
-            z1 = tl.load(Z + g * NP + offs_n, mask=nmask, other=0).to(tl.float32)
+        if PREFETCH:
+            cur = a
         else:
-            z1 = tl.full([BLOCK_N], ZC, tl.float32)
-        rows = kb * BKW + tl.arange(0, BKW)
-        w = tl.trans(load_words(W, rows, offs_n, KW, NP, EVEN_K, EVEN_N))  # [BN, BKW]: word rows last
-        s = tl.broadcast_to(s1[:, None], (BLOCK_N, BKW))
-        if USE_ASM:
-            zc = tl.broadcast_to((z1 + MAGIC).to(X.dtype.element_ty)[:, None], (BLOCK_N, BKW))
-            if IS_BF16:
-                o0, o1, o2, o3, o4, o5, o6, o7 = _fields_bf16(w, s, zc)
-            else:
-                o0, o1, o2, o3, o4, o5, o6, o7 = _fields_f16(w, s, zc)
-        else:
-            z = tl.broadcast_to(z1[:, None], (BLOCK_N, BKW))
-            o0, o1, o2, o3 = _field(w, s, z, 0), _field(w, s, z, 1), _field(w, s, z, 2), _field(w, s, z, 3)
-            o4, o5, o6, o7 = _field(w, s, z, 4), _field(w, s, z, 5), _field(w, s, z, 6), _field(w, s, z, 7)
-        # [BN, BKW, 8] with fields in join order 0..7, then tile row a*8R + j*R + r = field j of word row a*R + r
-        q = tl.join(tl.join(tl.join(o0, o4), tl.join(o2, o6)), tl.join(tl.join(o1, o5), tl.join(o3, o7)))
-        a = tl.reshape(tl.permute(tl.reshape(q, (BLOCK_N, NB, R, 8)), (0, 1, 3, 2)), (BLOCK_N, BLOCK_K))
+            cur = _weight_tile(W, S, Z, kb, offs_n, nmask, KW, NP, GS, R, ZC, HAS_Z, BLOCK_N, BLOCK_K, EVEN_K,
+                               EVEN_N, USE_ASM, X.dtype.element_ty)
         xk = k0 + offs_k
         xt_ptr = X + offs_m[None, :] * stride_xm + xk[:, None]
         if EVEN_K:
             xt = tl.load(xt_ptr, mask=mcol, other=0.0)
         else:
             xt = tl.load(xt_ptr, mask=mcol & (xk < K)[:, None], other=0.0)
-        acc = tl.dot(a, xt, acc)
+        acc = tl.dot(cur, xt, acc)
+        if PREFETCH:
+            a = _weight_tile(W, S, Z, tl.minimum(kb + 1, nkb - 1), offs_n, nmask, KW, NP, GS, R, ZC, HAS_Z,
+                             BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, USE_ASM, X.dtype.element_ty)
+        if USE_ASM:
+            acc = _settled(acc)
     store_split(Y, BIAS, PART, LOCK, tl.trans(acc), offs_m, offs_n, M, N, stride_ym, pid, pid_k, SPLIT_K,
                 HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N, BLOCK_M)
 
@@ -181,5 +213,5 @@ def qmm3(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lo
         GS=p.group, R=p.rows_per_block, ZC=p.zero_const, HAS_Z=p.zeros is not None, HAS_BIAS=bias is not None,
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=bk, SPLIT=split > 1,
         EVEN_K=kx == p.kp and p.kp % bk == 0, EVEN_N=p.np % cfg.block_n == 0, USE_ASM=use_asm,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
