@@ -222,7 +222,7 @@ def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Genera
     return found
 
 
-def affine(k: int, n: int, reps: int, gen: torch.Generator) -> None:
+def affine(k: int, n: int, reps: int, gen: torch.Generator, forms: tuple[str, ...] = ("affine32", "kquant")) -> None:
     """GGUF's affine runtimes at M=1 on random Q4_K-shaped values (codes, 6-bit sub-scales and mins per 32,
     float16 d and dmin per 256): the float32 scale + offset per 32 (``build_affine32``, Q4_0/Q4_1's form) and
     the two-level form (``build_kquant``, Q4_K's): gemv_tc's configs against the shipped path and bf16."""
@@ -242,7 +242,10 @@ def affine(k: int, n: int, reps: int, gen: torch.Generator) -> None:
     bf16 = timed([lambda x, w=w: torch.nn.functional.linear(x, w) for w in ws], x, reps)
     del ws, w16
     lock = torch.zeros(lock_slots(n), dtype=torch.int32, device=DEV)
-    for name, p in (("affine32", build_affine32(codes, s, o, 4)), ("kquant", build_kquant(codes, sc, mins, d, dmin))):
+    builders = {"affine32": lambda: build_affine32(codes, s, o, 4),
+                "kquant": lambda: build_kquant(codes, sc, mins, d, dmin)}
+    for name in forms:
+        p = builders[name]()
         nbytes = sum(t.numel() * t.element_size() for t in (p.qweight, p.scales, p.offsets, p.supers)
                      if t is not None)
         ps = [p] + [p.with_tensors(**{f: t.clone() for f, t in p.tensors().items() if t is not None})
@@ -285,6 +288,7 @@ def main() -> int:
     ap.add_argument("--shapes2", default="", help="shapes for 2-bit (default: --shapes)")
     ap.add_argument("--affine", default="", help="shapes for GGUF's affine runtimes (float32 scale + offset per 32; "
                     "Q4_K's two levels)")
+    ap.add_argument("--forms", default="affine32,kquant", help="which affine runtimes --affine times")
     ap.add_argument("--once", help="wn,wk,unit,split,prefetch,sub_zero,block_m[,stage_x,max_registers]: three "
                     "calls of one config on the first shape (ncu)")
     a = ap.parse_args()
@@ -317,7 +321,7 @@ def main() -> int:
     for shape in filter(None, a.affine.split(",")):
         k, n = (int(v) for v in shape.split("x"))
         try:
-            affine(k, n, a.reps, gen)
+            affine(k, n, a.reps, gen, tuple(a.forms.split(",")))
         except Exception as err:
             print(f"<!-- affine {k}x{n} failed: {type(err).__name__}: {str(err)[:300]} -->", flush=True)
     print(json.dumps(found, indent=1))

@@ -235,8 +235,23 @@ def test_gemv_tc_is_picked_by_m_and_skipped_where_it_cannot_run() -> None:
     four, _, _ = gptq_layer(GPTQ[0])
     eight, _, _ = gptq_layer(GPTQ[6])
     cpu = torch.device("cpu")
-    assert [four.config_for(m, cpu).variant for m in (1, 8, 9, 40)] == ["gemv_tc", "gemv_tc", "skinny2", "gemm2"]
-    assert [eight.config_for(m, cpu).variant for m in (1, 4)] == ["gemv", "skinny2"]
+    assert [four.config_for(m, cpu).variant for m in (1, 8, 9, 40)] == ["gemv_tc", "gemv_tc", "skinny2", "gemm3"]
+    assert [eight.config_for(m, cpu).variant for m in (1, 4, 40)] == ["gemv", "skinny2", "gemm2"]
+
+
+def test_gemm3_declares_what_it_cannot_run() -> None:
+    """gemm3 (4-bit codes paired by PTX) names each reason; bfloat16 pairs need sm_90, float16 sm_80."""
+    from qlinear.kernels.triton.qmm3 import skinny3_reasons
+
+    four, _, _ = gptq_layer(GPTQ[0])
+    eight, _, _ = gptq_layer(GPTQ[6])
+    p = four.packed()
+    assert skinny3_reasons(p, 300, torch.bfloat16, "gemm3", (9, 0)) == []
+    assert skinny3_reasons(p, 300, torch.float16, "gemm3", (8, 0)) == []
+    assert skinny3_reasons(p, 300, torch.bfloat16, "gemm3", (8, 0)) == [
+        "compute capability 8.0 (needs 9.0+ for bfloat16 (sub/mul.bf16x2))"]
+    assert "M=300 > 16" in skinny3_reasons(p, 300, torch.float16, "skinny3")[0]
+    assert skinny3_reasons(eight.packed(), 64, torch.float16, "gemm3") == ["8-bit words (gemm3 pairs 4-bit codes)"]
 
 
 @pytest.mark.parametrize("m", [1, 4, 16, 40, 1100])

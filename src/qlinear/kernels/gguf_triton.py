@@ -112,7 +112,7 @@ class GGUFTritonKernel(GGUFQuantLinear):
             cfg = choose(name, sms, m, p.n, p.k, 4, 32, variant)
             if cfg.variant == "gemv_tc" and variant is None and tc_unfit(p, m, x2.dtype, x2.device):
                 cfg = choose(name, sms, m, p.n, p.k, 4, 32, exclude=("gemv_tc",))
-            if cfg.variant in ("skinny", "skinny3", "gemm"):
+            if cfg.variant in ("skinny", "skinny3", "gemm", "gemm3"):
                 cfg = choose(name, sms, m, p.n, p.k, 4, 32, "skinny2" if m <= 16 else "gemm2")
             if cfg.variant in ("skinny2", "gemm2"):  # one 32-group per step: [1, BN] scales and offsets, not
                 cfg = replace(cfg, block_k=32)  # [BK, BN] float32 tiles pipelined through shared memory

@@ -161,6 +161,16 @@ class TritonQuantMixin:
                       offsets=self._rt_offsets)
 
     # ------------------------------------------------------------------ forward
+    def unfit_variants(self, m: int, device: torch.device) -> tuple[str, ...]:
+        """The variants M alone could give this call that this layer, dtype or device cannot run."""
+        from .triton.qmm3 import skinny3_reasons
+        from .triton.qmv_tc import capability
+
+        cap = capability(device)
+        out = ("gemv_tc",) if tc_unfit(self.packed(), m, self.dtype, device) else ()
+        return out + tuple(v for v in ("skinny3", "gemm3")
+                           if skinny3_reasons(self.packed(), m, self.dtype, v, cap))
+
     def config_for(self, m: int, device: torch.device, variant: str | None = None) -> Any:
         """The launch config for M rows on ``device`` (table entry or heuristic, then legalised)."""
         from .triton.configs import choose, legal
@@ -168,14 +178,8 @@ class TritonQuantMixin:
         name, sms = device_facts(device.index or 0) if device.type == "cuda" else ("interpreter", 4)
         bits, k, n, group = self._rt_meta[:4]  # type: ignore[index]
         kp = self.packed().kp
-        cfg = choose(name, sms, m, n, k, bits, group, variant)
-        if cfg.variant == "gemv_tc" and variant is None and tc_unfit(self.packed(), m, self.dtype, device):
-            cfg = choose(name, sms, m, n, k, bits, group, exclude=("gemv_tc",))
-        if cfg.variant == "skinny3" and variant is None:  # chosen by M, but this layer/call may not fit it
-            from .triton.qmm3 import skinny3_reasons
-
-            if skinny3_reasons(self.packed(), m, self.dtype):
-                cfg = choose(name, sms, m, n, k, bits, group, "skinny2")
+        unfit = () if variant else self.unfit_variants(m, device)
+        cfg = choose(name, sms, m, n, k, bits, group, variant, exclude=unfit)
         return legal(cfg, m, kp, bits)
 
     def matmul(self, x2: torch.Tensor, variant: str | None = None, config: Any = None) -> torch.Tensor:

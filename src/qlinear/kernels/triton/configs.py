@@ -15,6 +15,9 @@ A config is chosen per call from the flattened row count M. Variants, each with 
   broadcast to every field and shifted per K row (no gather, no stack/join of fields).
 * ``skinny3`` 4-bit, M <= 16: codes dequantized two per instruction (packed bf16x2/f16x2 PTX) into the A
   operand of a swap-AB wgmma (``qmm3.py``).
+* ``gemm3``  the same kernel tiled over M (up to 256 rows a tile): 4-bit mid-M, ahead of ``gemm2`` where it
+  can run (4-bit, field blocks of 2+ word rows, no additive offsets); ``prefetch`` dequantizes the next step
+  while this step's wgmma run.
 * ``dense``  dequantize into a transient dense weight and call cuBLAS (large M).
 
 The table (``tuned_<device>.json``) is keyed by device name, then ``variant:m=<bucket>:n=:k=:b=:g=``;
@@ -29,11 +32,11 @@ from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from typing import Any
 
-VARIANTS = ("gemv_tc", "gemv", "skinny3", "skinny", "skinny2", "gemm", "gemm2", "gemm3", "dense")
+VARIANTS = ("gemv_tc", "gemv", "skinny3", "skinny", "skinny2", "gemm", "gemm3", "gemm2", "dense")
 #: group length the kernels use for "one group spans K" (any block is inside group 0)
 CHANNELWISE = 1 << 30
 #: default crossovers (largest M bucket served), used when the table has none for a device/bits
-DEFAULT_CROSSOVERS = {"gemv_tc": 8, "gemv": 1, "skinny2": 16, "gemm2": 256}
+DEFAULT_CROSSOVERS = {"gemv_tc": 8, "gemv": 1, "skinny2": 16, "gemm3": 256, "gemm2": 256}
 #: Shared memory a pipelined tile config may take by the A+B estimate (bytes). The compiler takes up
 #: to ~1.45x the estimate (layout buffers), so this keeps under sm_90's 227 KiB opt-in limit; a
 #: 2-bit config asked 258048 B on the H200 before this clamp.
@@ -182,11 +185,13 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         bk = 128
         split = min(32, _split(-(-n // 128), -(-k // bk), sms, 4, 2))
         return Config("skinny3", 16, 128, bk, split, 4, 3)
-    if variant == "gemm3":  # skinny3's swap-AB wgmma over M tiles: 128 channels x 128 rows, 8 warps
+    if variant == "gemm3":  # skinny3's swap-AB wgmma over M tiles, 128 channels x 2 warpgroups; split K to
+        # about one CTA per SM (the H200 sweep's winners, results/h200-gemm3_sweep-2026-12-03.md)
         bm = 64 if m <= 64 else 128
+        bk = 128 if bm == 64 else 64
         tiles = -(-m // bm) * -(-n // 128)
-        split = _split(tiles, -(-k // 64), sms, 1, 8)
-        return Config("gemm3", bm, 128, 64, split, 8, 4)
+        split = _split(tiles, -(-k // bk), sms, 1, 4)
+        return Config("gemm3", bm, 128, bk, split, 8, 3 if bm == 64 else 4)
     if variant == "gemm2":  # wgmma tiles (64 rows per warpgroup), 8 warps
         bm = 64 if m <= 64 else 128
         bn = 128 if n >= 128 else max(32, 1 << (n - 1).bit_length())

@@ -172,8 +172,10 @@ def block_k3(p: Packed, block_k: int) -> int:
     return bk
 
 
-def skinny3_reasons(p: Packed, m: int, dtype: torch.dtype, variant: str = "skinny3") -> list[str]:
-    """Why ``skinny3`` (or ``gemm3``, the same kernel over M tiles) cannot run this call ([] when it can)."""
+def skinny3_reasons(p: Packed, m: int, dtype: torch.dtype, variant: str = "skinny3",
+                    capability: tuple[int, int] | None = None) -> list[str]:
+    """Why ``skinny3`` (or ``gemm3``, the same kernel over M tiles) cannot run this call ([] when it can);
+    ``capability`` is the CUDA device's (None: the interpreter, which runs the plain-Triton twin)."""
     out = []
     if p.bits != 4:
         out.append(f"{p.bits}-bit words ({variant} pairs 4-bit codes)")
@@ -181,6 +183,9 @@ def skinny3_reasons(p: Packed, m: int, dtype: torch.dtype, variant: str = "skinn
         out.append(f"M={m} > 16 (one 16-row activation tile; gemm3 tiles M)")
     if dtype not in (torch.float16, torch.bfloat16):
         out.append(f"activation dtype {dtype} (float16 / bfloat16 only)")
+    elif capability is not None and capability < ((9, 0) if dtype == torch.bfloat16 else (8, 0)):
+        need = "9.0+ for bfloat16 (sub/mul.bf16x2)" if dtype == torch.bfloat16 else "8.0+"
+        out.append(f"compute capability {capability[0]}.{capability[1]} (needs {need})")
     if p.offsets is not None:
         out.append("additive offsets (GGUF minimums): use skinny2")
     if p.rows_per_block < 2 or p.group % (p.rows_per_block * 8):
@@ -192,9 +197,10 @@ def qmm3(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lo
          y: torch.Tensor, use_asm: bool) -> torch.Tensor:
     """Launch ``qmm3_kernel`` (x gathered to sorted order first when the weight is act-order)."""
     from .qmm import gather_cols
+    from .qmv_tc import capability
 
     m = x2.shape[0]
-    why = skinny3_reasons(p, m, x2.dtype, cfg.variant)
+    why = skinny3_reasons(p, m, x2.dtype, cfg.variant, capability(x2.device))
     if why:
         raise ValueError(f"{cfg.variant} cannot run this call: " + "; ".join(why))
     if p.perm is not None:
