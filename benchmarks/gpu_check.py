@@ -107,16 +107,17 @@ def check_layer(layer: TritonV2Linear, q: AffineWeight, bias: torch.Tensor | Non
 
 
 def sweep(full: bool, dev: torch.device, shapes: tuple[tuple[int, int], ...] = SHAPES,
-          awq_shape: tuple[int, int] = (2048, 1000), budget: float = 1e9, out: str | None = None) -> int:
+          awq_shape: tuple[int, int] = (2048, 1000), budget: float = 1e9, out: str | None = None,
+          bits: tuple[int, ...] = BITS) -> int:
     """Every (bits, group) once with (sym, act-order) rotating so each bits meets all four, dtypes
     alternating; ``full``: the whole product (4x the layers, mostly compile time)."""
     gen = torch.Generator().manual_seed(1234)
     rows, failures, t0, skipped = [], 0, time.time(), 0
     flags = [(True, False), (False, True), (True, True), (False, False)]
     if full:
-        combos = [(b, g, s, d) for b in BITS for g in GROUPS for s, d in flags]
+        combos = [(b, g, s, d) for b in bits for g in GROUPS for s, d in flags]
     else:
-        combos = [(b, g, *flags[(i + b) % 4]) for b in BITS for i, g in enumerate(GROUPS)]
+        combos = [(b, g, *flags[(i + b) % 4]) for b in bits for i, g in enumerate(GROUPS)]
     for i, (b, g, sym, desc) in enumerate(combos):
         if time.time() - t0 > budget:
             skipped += 1
@@ -239,6 +240,7 @@ def main() -> int:
     ap.add_argument("--sass", action="store_true", help="report compiled resources and SASS instruction counts")
     ap.add_argument("--full", action="store_true", help="the whole bits x group x sym x act-order product")
     ap.add_argument("--budget", type=float, default=200, help="seconds after which no new layer starts")
+    ap.add_argument("--bits", default="2,4,8", help="weight bits to check (GPTQ layers)")
     ap.add_argument("--out", help="write the full Markdown table of checks here")
     ap.add_argument("--interpret-smoke", action="store_true",
                     help="tiny shapes on CPU under TRITON_INTERPRET=1 (checks this script, not the GPU)")
@@ -251,7 +253,9 @@ def main() -> int:
         return 2
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton "
           f"{__import__('triton').__version__}")
-    return sass_report() if args.sass else sweep(args.full, torch.device("cuda"), budget=args.budget, out=args.out)
+    bits = tuple(int(b) for b in args.bits.split(","))
+    return sass_report() if args.sass else sweep(args.full, torch.device("cuda"), budget=args.budget, out=args.out,
+                                                 bits=bits)
 
 
 if __name__ == "__main__":
