@@ -15,7 +15,6 @@ import argparse
 import re
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -35,8 +34,7 @@ M_VARIANT = ((1, "auto"), (4, "auto"), (1, "gemv_tc"), (5, "gemv_tc"), (8, "gemv
              (1, "gemv"), (2, "gemv"), (3, "gemv"), (6, "gemv"),
              (16, "skinny"), (5, "skinny2"), (16, "skinny2"), (1, "skinny3"), (5, "skinny3"),
              (16, "skinny3"), (33, "gemm"), (128, "gemm"), (33, "gemm2"), (128, "gemm2"), (33, "gemm3"),
-             (200, "gemm3"), (1024, "dense"),
-             (1024, "dense_chunks"))
+             (200, "gemm3"), (1024, "dense"))
 
 
 def random_affine(n: int, k: int, bits: int, group: int, sym: bool, desc: bool, gen: torch.Generator) -> AffineWeight:
@@ -81,11 +79,8 @@ def check_layer(layer: TritonV2Linear, q: AffineWeight, bias: torch.Tensor | Non
             continue  # 2/4-bit, field blocks of 2+ word rows
         x = torch.randn(m, q.in_features, generator=gen).to(dev, dtype)
         ref = x.double() @ w64.t() + (bias.double().to(dev) if bias is not None else 0)
-        if variant == "dense_chunks":  # three column chunks, the second stream dequantizing ahead
-            cfg = replace(layer.config_for(m, dev, "dense"), chunks=3)
-        else:
-            cfg = layer.config_for(m, dev, None if variant == "auto" else variant)
-        if variant in ("dense", "dense_chunks", "auto"):  # auto: the layer's own choice by M (the shipped table)
+        cfg = layer.config_for(m, dev, None if variant == "auto" else variant)
+        if variant in ("dense", "auto"):  # auto: the layer's own choice by M (the shipped table)
             y1 = layer.matmul(x, config=cfg)
             y2 = layer.matmul(x, config=cfg)
             variant = f"auto:{cfg.variant}" if variant == "auto" else variant

@@ -218,29 +218,6 @@ def variants_table(args: argparse.Namespace, bw: float) -> dict[str, object]:
     return {"crossovers": {"4": cross}}
 
 
-def dense_chunks_table(args: argparse.Namespace) -> None:
-    """The large-M path with its weight in column chunks (a second stream dequantizing ahead) against bf16."""
-    from dataclasses import replace
-
-    gen = torch.Generator(device=DEV).manual_seed(4)
-    counts = [int(c) for c in args.dense_chunks.split(",")]
-    print("| K x N | M | bf16 | " + " | ".join(f"dense x{c}" for c in counts) + " | best / bf16 |")
-    print("| --- " * (4 + len(counts)) + "|")
-    for k, n in args.shapes:
-        p = our_weight(k, n, 4, gen)
-        r = copies(p.qweight.numel() * 4)
-        bf16 = [PEERS["bf16"](gptq_qweight(p), p.scales[:, :n].clone()) for _ in range(copies(k * n * 2))]
-        for m in (m for m in args.m if m >= 512):
-            x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
-            t_bf16 = timed(bf16, x, args.reps)
-            base = config(p, m, "dense")
-            ts = [timed(our_fns(p, r, replace(base, chunks=c)), x, args.reps) for c in counts]
-            print(f"| {k}x{n} | {m} | {t_bf16:.1f} | " + " | ".join(f"{t:.1f}" for t in ts) +
-                  f" | {t_bf16 / min(ts):.2f}x |", flush=True)
-        del p, bf16
-        torch.cuda.empty_cache()
-
-
 def candidates(variant: str, base: Config) -> list[Config]:
     """A small neighbourhood of the heuristic config: the sweep is bounded by compile time."""
     out = [base]
@@ -299,8 +276,6 @@ def main() -> int:
     ap.add_argument("--json", help="write crossovers/configs found by --variants/--tune to this file")
     ap.add_argument("--variant", help="--tune this variant instead of the one the crossovers pick")
     ap.add_argument("--skip", default="", help="peers to leave out: bf16,tinygemm,marlin,machete")
-    ap.add_argument("--dense-chunks", help="time the dense path with these column-chunk counts (e.g. 1,2,4,8) "
-                    "at M >= 512 against bf16, instead of the table")
     ap.add_argument("--tinygemm-max-m", type=int, default=256, help="tinygemm is pathological above this M")
     args = ap.parse_args()
     args.shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
@@ -319,9 +294,7 @@ def main() -> int:
         found.update(variants_table(args, bw))
     if args.tune:
         found.update(tune(args))
-    if args.dense_chunks:
-        dense_chunks_table(args)
-    elif not (args.variants or args.tune):
+    if not (args.variants or args.tune):
         main_table(args, bw)
     if found:
         text = json.dumps({"devices": {torch.cuda.get_device_name(): found}}, indent=1)

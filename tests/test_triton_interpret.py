@@ -306,25 +306,6 @@ def test_awq_gemm_matches_oracle(group: int, sym: bool, dtype: torch.dtype) -> N
         assert rel_err(layer.matmul(x, config=cfg), x.double().numpy() @ w64.T) < TOL[dtype]
 
 
-def test_dense_in_column_chunks_matches_oracle() -> None:
-    """The large-M path in chunks (two buffers reused in turn; on CUDA a second stream dequantizes ahead):
-    every column written once, bias included, a last chunk narrower than the rest."""
-    k, n = 256, 300
-    q = quantize_rtn(make_weight(n, k, 3), bits=4, group_size=64, sym=False)
-    bias = torch.randn(n) * 0.1
-    layer = TritonV2Linear(Scheme(bits=4, group_size=64, in_features=k, out_features=n, sym=False), bias=True,
-                           dtype=torch.float16)
-    layer.load_affine(q, bias)
-    layer.prepare()
-    sd = {name: t.numpy() for name, t in layer.state_dict().items() if name != "bias"}
-    w64 = dequantize_checkpoint(sd, 4, k, n, "gptq_v2")
-    x = torch.randn(9, k).to(torch.float16)
-    ref = x.double().numpy() @ w64.T + layer.bias.double().numpy()
-    for chunks in (2, 3):
-        y = layer.matmul(x, config=Config("dense", 1, 32, 64, 1, 4, 1, chunks=chunks))
-        assert y.shape == (9, n) and rel_err(y, ref) < TOL[torch.float16]
-
-
 def test_release_checkpoint_keeps_forward_and_refuses_to_save() -> None:
     fmt, bits, group, sym, _desc, _pack, k, n, dtype = GPTQ[0]
     q = quantize_rtn(make_weight(n, k, 1), bits=bits, group_size=group, sym=sym)

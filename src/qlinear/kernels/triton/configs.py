@@ -61,7 +61,6 @@ class Config:
     stage_x: bool = False  # gemv_tc: x loaded coalesced and dealt to the lanes through shared memory
     sum_values: int = 4  # gemv_tc: partial sums per thread per split the split-K epilogue holds at once
     vector_params: bool = False  # gemv_tc: a group's parameters loaded once per lane (4 columns) for both tiles
-    chunks: int = 1  # dense: column chunks, each multiplied while a second stream dequantizes the next
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -200,8 +199,8 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         tiles = -(-m // bm) * -(-n // bn)
         split = _split(tiles, -(-k // bk), sms, 1, 8)
         return Config("gemm2", bm, bn, bk, split, 8, 4 if bm == 64 else 3)
-    if variant == "dense":  # dequantization of chunk i+1 overlaps the cuBLAS GEMM of chunk i
-        return Config("dense", 1, 128, 16 * pf, 1, 4, 1, chunks=4 if n >= 2048 else 1)
+    if variant == "dense":
+        return Config("dense", 1, 128, 16 * pf, 1, 4, 1)
     raise ValueError(f"variant: expected one of {', '.join(VARIANTS)}, got {variant!r}")
 
 

@@ -53,14 +53,12 @@ def dequant_kernel(W, S, Z, OFF, SUP, PERM, OUT, N0, N1, K, KW, G, KP, NP, GS, s
 
 
 def dense_t(p: Packed, dtype: torch.dtype, cfg: Config | None = None, n0: int = 0,
-            n1: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``W^T[:, n0:n1]`` as a dense ``[K, n1 - n0]`` tensor in ``dtype`` (input-channel order): fresh, or
-    written into ``out`` (that shape, unit column stride)."""
+            n1: int | None = None) -> torch.Tensor:
+    """``W^T[:, n0:n1]`` as a fresh dense ``[K, n1 - n0]`` tensor in ``dtype`` (input-channel order)."""
     n1 = p.n if n1 is None else n1
     block_k = cfg.block_k if cfg else 16 * (32 // p.bits)
     block_n = cfg.block_n if cfg else 128
-    if out is None:
-        out = torch.empty((p.k, n1 - n0), dtype=dtype, device=p.qweight.device)
+    out = torch.empty((p.k, n1 - n0), dtype=dtype, device=p.qweight.device)
     if out.numel() == 0:
         return out
     grid = (triton.cdiv(p.kp, block_k), triton.cdiv(n1 - n0, block_n))
@@ -77,59 +75,18 @@ def dense_t(p: Packed, dtype: torch.dtype, cfg: Config | None = None, n0: int = 
 
 def dense_mm(x2: torch.Tensor, p: Packed, cfg: Config | None = None,
              bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x2 @ W^T (+ bias)`` through a transient dense weight and torch's matmul (cuBLAS on CUDA).
-
-    With ``cfg.chunks > 1`` (or a weight wider than ``MAX_DENSE`` elements) the weight is done in column
-    chunks through two buffers: on CUDA a second stream dequantizes chunk i+1 (memory bound) while the GEMM of
-    chunk i runs (compute bound), so at large M the dequantization hides behind the GEMM."""
-    chunks = max(cfg.chunks if cfg else 1, -(-p.k * p.n // MAX_DENSE))
+    """``x2 @ W^T (+ bias)`` through a transient dense weight and torch's matmul (cuBLAS on CUDA)."""
+    chunk = max(128, MAX_DENSE // max(1, p.k) // 128 * 128)
     b = bias.to(x2.dtype) if bias is not None else None
-    if chunks <= 1:
+    if chunk >= p.n:
         w = dense_t(p, x2.dtype, cfg)
         y = torch.addmm(b, x2, w) if b is not None else x2 @ w
         del w
         return y
-    per_chunk = -(-p.n // chunks)
-    width = -(-per_chunk // 128) * 128  # whole 128-column tiles per chunk
     y = torch.empty((x2.shape[0], p.n), dtype=x2.dtype, device=x2.device)
-    bufs = torch.empty((2, p.k, width), dtype=x2.dtype, device=x2.device)
-    bounds = [(n0, min(p.n, n0 + width)) for n0 in range(0, p.n, width)]
-    side = _side_stream(x2.device) if x2.is_cuda else None
-    if side is None:
-        for i, (n0, n1) in enumerate(bounds):
-            _chunk_mm(x2, dense_t(p, x2.dtype, cfg, n0, n1, bufs[i % 2, :, :n1 - n0]), b, y, n0, n1)
-        return y
-    main = torch.cuda.current_stream(x2.device)
-    side.wait_stream(main)  # x2, the buffers and the weight are ready
-    done: list[torch.cuda.Event] = []
-    for i, (n0, n1) in enumerate(bounds):
-        with torch.cuda.stream(side):
-            if i >= 2:  # this buffer's previous GEMM has finished reading it
-                side.wait_event(done[i - 2])
-            w = dense_t(p, x2.dtype, cfg, n0, n1, bufs[i % 2, :, :n1 - n0])
-            ready = torch.cuda.Event()
-            ready.record(side)
-        main.wait_event(ready)
-        _chunk_mm(x2, w, b, y, n0, n1)
-        done.append(torch.cuda.Event())
-        done[-1].record(main)
+    for n0 in range(0, p.n, chunk):
+        n1 = min(p.n, n0 + chunk)
+        w = dense_t(p, x2.dtype, cfg, n0, n1)
+        y[:, n0:n1] = torch.addmm(b[n0:n1], x2, w) if b is not None else x2 @ w
+        del w
     return y
-
-
-def _chunk_mm(x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, y: torch.Tensor, n0: int, n1: int) -> None:
-    """``y[:, n0:n1] = x2 @ w (+ b[n0:n1])`` written in place (cuBLAS takes the column slice's row stride)."""
-    if b is not None:
-        torch.addmm(b[n0:n1], x2, w, out=y[:, n0:n1])
-    else:
-        torch.mm(x2, w, out=y[:, n0:n1])
-
-
-_SIDE: dict[int, torch.cuda.Stream] = {}
-
-
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    """One dequantization stream per CUDA device, made on first use."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SIDE:
-        _SIDE[index] = torch.cuda.Stream(index)
-    return _SIDE[index]
