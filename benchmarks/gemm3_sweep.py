@@ -27,11 +27,7 @@ from qlinear.kernels.triton import configs
 from qlinear.kernels.triton.configs import Config
 from qlinear.kernels.triton.dequant import dense_t
 
-FIELDS = ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages", "prefetch")
-
-
-#: tiles also timed with the next step's weights dequantized while this step's wgmma run (``prefetch``)
-AHEAD = ((128, 128, 8), (64, 128, 8))
+FIELDS = ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages")
 
 
 def tiles_for(m: int) -> list[tuple[int, int, int, int, int]]:
@@ -128,16 +124,15 @@ def main() -> int:
             rows = []
             for bm, bn, bk, wp, st in tiles_for(m):
                 for s in splits(m, n, k, bm, bn, bk):
-                    for ahead in (False, True) if (bm, bn, wp) in AHEAD else (False,):
-                        c = configs.legal(Config("gemm3", bm, bn, bk, s, wp, st, prefetch=ahead), m, p.kp, 4)
-                        us = checked(p, r, c, x, ref, args.reps)
-                        if us is not None:
-                            rows.append((us, c))
+                    c = configs.legal(Config("gemm3", bm, bn, bk, s, wp, st), m, p.kp, 4)
+                    us = checked(p, r, c, x, ref, args.reps)
+                    if us is not None:
+                        rows.append((us, c))
             rows.sort(key=lambda row: row[0])
             best, bc = rows[0]
             peer = min((v for kk, v in t_peer.items() if kk != "bf16" and v), default=None)
             top = ", ".join(f"{us:.1f} {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} st{c.num_stages} "
-                            f"s{c.split_k}{' ahead' if c.prefetch else ''}" for us, c in rows[:4])
+                            f"s{c.split_k}" for us, c in rows[:4])
             f = "{:.1f}".format
             print(f"| {k}x{n} | {m} | {f(t_peer['bf16']) if t_peer.get('bf16') else '-'} | "
                   f"{f(t_peer['marlin']) if t_peer.get('marlin') else '-'} | "

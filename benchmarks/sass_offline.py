@@ -72,7 +72,7 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--dump", help="write each kernel's SASS and TTGIR here")
-    ap.add_argument("--variants", default="gemv,skinny,skinny2,skinny3,gemm,gemm2,dense")
+    ap.add_argument("--variants", default="gemv,skinny,skinny2,skinny3,gemm,gemm2,gemm3,dense")
     ap.add_argument("--m", type=int, default=0, help="rows (default: a typical M per variant)")
     ap.add_argument("--cfg", help="override bm,bn,bk,split,warps,stages")
     args = ap.parse_args()
@@ -82,7 +82,7 @@ def main() -> int:
     print(f"sm_90, triton {triton.__version__}, {args.bits}-bit g{args.group} K={args.k} N={args.n} bf16, sym, R={r}")
     print("| kernel | config | regs | spills | smem B | " + " | ".join(SASS_OPS) + " |")
     print("| --- " * (5 + len(SASS_OPS)) + "|")
-    ap_m = {"gemv": 1, "skinny": 16, "skinny2": 16, "skinny3": 16, "gemm": 128, "gemm2": 128,
+    ap_m = {"gemv": 1, "skinny": 16, "skinny2": 16, "skinny3": 16, "gemm": 128, "gemm2": 128, "gemm3": 128,
             "dense": 1024}
     for variant in args.variants.split(","):
         m = args.m or ap_m[variant]
@@ -96,12 +96,13 @@ def main() -> int:
                       BLOCK_K=cfg.block_k, BLOCK_N=cfg.block_n)
         if variant == "dense":
             kern = compile_one(dequant_kernel, common, cfg.num_warps, 1)
-        elif variant == "skinny3":
+        elif variant in ("skinny3", "gemm3"):
             fb = r * 8
             bk = max(cfg.block_k, fb) // fb * fb
-            three = dict(GS=group, R=r, ZC=common["ZC"], HAS_Z=False, HAS_BIAS=False, BLOCK_M=16,
+            three = dict(GS=group, R=r, ZC=common["ZC"], HAS_Z=False, HAS_BIAS=False,
+                         BLOCK_M=16 if variant == "skinny3" else cfg.block_m,
                          BLOCK_N=cfg.block_n, BLOCK_K=bk, SPLIT=cfg.split_k > 1, EVEN_K=True, EVEN_N=True,
-                         USE_ASM=True, PREFETCH=False)
+                         USE_ASM=True)
             kern = compile_one(qmm3_kernel, three, cfg.num_warps, cfg.num_stages)
         elif variant in V2:
             fb = r * pf

@@ -96,7 +96,7 @@ def forced(variant: str, bits: int) -> tuple[Config, int]:
         "skinny2": (Config("skinny2", 16, 32, 32, 2, 4, 1), 7),
         "skinny3": (Config("skinny3", 16, 32, 32, 3, 4, 1), 7),
         "gemm2": (Config("gemm2", 32, 32, 64, 3, 4, 1), 37),
-        "gemm3": (Config("gemm3", 16, 32, 32, 3, 4, 1, prefetch=True), 37),  # next tile dequantized ahead
+        "gemm3": (Config("gemm3", 16, 32, 32, 3, 4, 1), 37),
         "dense": (Config("dense", 1, 32, 8 * pf, 1, 4, 1), 9),
         # one 32-column strip walked by 2 warps in turn, two 8-row sets, next step prefetched
         "gemv_tc": (Config("gemv_tc", 16, 32, 128, 3, 2, 1, prefetch=True), 13),

@@ -16,8 +16,7 @@ A config is chosen per call from the flattened row count M. Variants, each with 
 * ``skinny3`` 4-bit, M <= 16: codes dequantized two per instruction (packed bf16x2/f16x2 PTX) into the A
   operand of a swap-AB wgmma (``qmm3.py``).
 * ``gemm3``  the same kernel tiled over M (up to 256 rows a tile): 4-bit mid-M, ahead of ``gemm2`` where it
-  can run (4-bit, field blocks of 2+ word rows, no additive offsets); ``prefetch`` dequantizes the next step
-  while this step's wgmma run.
+  can run (4-bit, field blocks of 2+ word rows, no additive offsets).
 * ``dense``  dequantize into a transient dense weight and call cuBLAS (large M).
 
 The table (``tuned_<device>.json``) is keyed by device name, then ``variant:m=<bucket>:n=:k=:b=:g=``;

@@ -118,7 +118,7 @@ def qmm3_kernel(X, W, S, Z, BIAS, Y, PART, LOCK,
                 M, N, K, KW, NP, SPLIT_K, stride_xm, stride_ym, GS: tl.constexpr,
                 R: tl.constexpr, ZC: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, USE_ASM: tl.constexpr, PREFETCH: tl.constexpr):
+                EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, USE_ASM: tl.constexpr):
     """Grid ``(M tiles x N tiles, SPLIT_K)``, M tiles fastest (CTAs sharing a weight tile run together); x is
     in sorted order (gathered once when act-order)."""
     BKW: tl.constexpr = BLOCK_K // 8
@@ -137,26 +137,17 @@ def qmm3_kernel(X, W, S, Z, BIAS, Y, PART, LOCK,
     kb1 = tl.minimum(kb0 + per, nkb)
     mcol = (offs_m < M)[None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    if PREFETCH:  # step kb0's tile; each step then dequantizes the next one while its wgmma run
-        a = _weight_tile(W, S, Z, tl.minimum(kb0, nkb - 1), offs_n, nmask, KW, NP, GS, R, ZC, HAS_Z, BLOCK_N,
-                         BLOCK_K, EVEN_K, EVEN_N, USE_ASM, X.dtype.element_ty)
     for kb in range(kb0, kb1):
         k0 = kb * BLOCK_K
-        if PREFETCH:
-            cur = a
-        else:
-            cur = _weight_tile(W, S, Z, kb, offs_n, nmask, KW, NP, GS, R, ZC, HAS_Z, BLOCK_N, BLOCK_K, EVEN_K,
-                               EVEN_N, USE_ASM, X.dtype.element_ty)
+        a = _weight_tile(W, S, Z, kb, offs_n, nmask, KW, NP, GS, R, ZC, HAS_Z, BLOCK_N, BLOCK_K, EVEN_K, EVEN_N,
+                         USE_ASM, X.dtype.element_ty)
         xk = k0 + offs_k
         xt_ptr = X + offs_m[None, :] * stride_xm + xk[:, None]
         if EVEN_K:
             xt = tl.load(xt_ptr, mask=mcol, other=0.0)
         else:
             xt = tl.load(xt_ptr, mask=mcol & (xk < K)[:, None], other=0.0)
-        acc = tl.dot(cur, xt, acc)
-        if PREFETCH:
-            a = _weight_tile(W, S, Z, tl.minimum(kb + 1, nkb - 1), offs_n, nmask, KW, NP, GS, R, ZC, HAS_Z,
-                             BLOCK_N, BLOCK_K, EVEN_K, EVEN_N, USE_ASM, X.dtype.element_ty)
+        acc = tl.dot(a, xt, acc)
         if USE_ASM:
             acc = _settled(acc)
     store_split(Y, BIAS, PART, LOCK, tl.trans(acc), offs_m, offs_n, M, N, stride_ym, pid, pid_k, SPLIT_K,
@@ -219,5 +210,5 @@ def qmm3(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lo
         GS=p.group, R=p.rows_per_block, ZC=p.zero_const, HAS_Z=p.zeros is not None, HAS_BIAS=bias is not None,
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=bk, SPLIT=split > 1,
         EVEN_K=kx == p.kp and p.kp % bk == 0, EVEN_N=p.np % cfg.block_n == 0, USE_ASM=use_asm,
-        PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
