@@ -14,7 +14,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import functools
 from dataclasses import replace
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -207,28 +206,6 @@ def test_gemv_tc_steps_of_several_groups_match_oracle(case: tuple, unit: int, m:
     assert int(layer._rt_lock.abs().sum()) == 0
 
 
-def test_shipped_gemv_tc_entries_run_the_chunks_they_state() -> None:
-    """Every shipped gemv_tc entry's block_k is the step it ran on the H200 (``units`` takes it unchanged), and
-    the heuristic keeps steps inside a group except for 32-code groups (two a step)."""
-    from qlinear.kernels.triton import configs
-    from qlinear.kernels.triton.layout import block_rows
-    from qlinear.kernels.triton.qmv_tc import units
-
-    entries = {key: e for dev in configs._tables().values() for key, e in dev["configs"].items()
-               if key.startswith("gemv_tc:")}
-    assert len(entries) >= 30
-    for key, e in entries.items():
-        f = dict(part.split("=") for part in key.split(":")[1:])
-        bits, group, k = int(f["b"]), int(f["g"]), int(f["k"])
-        ck = block_rows(group, 32 // bits) * 32 // bits
-        p = SimpleNamespace(rows_per_block=ck * bits // 32, bits=bits, kp=k, group=group)
-        assert units(p, e["block_k"]) * ck == e["block_k"], key
-    for bits, group, want in ((4, 128, 2), (2, 128, 1), (4, 32, 2), (2, 32, 2), (4, 64, 1), (4, 1 << 30, 4)):
-        cfg = configs.heuristic("gemv_tc", 132, 1, 4096, 4096, bits, group)
-        ck = block_rows(min(group, 4096), 32 // bits) * 32 // bits
-        assert cfg.block_k == want * ck, (bits, group, cfg.block_k)
-
-
 def test_gemv_tc_is_picked_by_m_and_skipped_where_it_cannot_run() -> None:
     """Without a device table the defaults give M <= 8 to gemv_tc; 8-bit weights (no magic-number pairs)
     and groups too short for a field block fall back to what the crossovers give without it."""
@@ -357,48 +334,6 @@ def test_selector_rejects_without_cuda_or_triton() -> None:
                  torch.float16)
     assert any("device cpu not supported" in r for r in AwqGEMMTritonLinear.reasons(pa, Target.here("cpu")))
     assert AwqGEMMTritonLinear.reasons(pa, Target.fake_cuda((9, 0), modules={"triton": True})) == []
-
-
-def test_configs_table_and_heuristics(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Measured entries win (nearest M bucket of the same variant and shape); others get the heuristic."""
-    from qlinear.kernels.triton import configs
-
-    key = configs.table_key("gemv", 1, 4096, 4096, 4, 128)
-    table = {"H": {"crossovers": {"4": {"gemv": 1, "skinny": 8, "gemm": 256}},
-                   "configs": {key: {"block_n": 512, "block_k": 32, "split_k": 7, "num_warps": 4}}}}
-    monkeypatch.setattr(configs, "_tables", lambda: table)
-    assert [configs.pick_variant("H", m, 4) for m in (1, 2, 8, 9, 256, 300)] == \
-        ["gemv", "skinny", "skinny", "gemm", "gemm", "dense"]
-    assert configs.choose("H", 132, 2, 4096, 4096, 4, 128, "gemv").split_k == 7  # nearest bucket
-    assert configs.choose("other", 132, 1, 4096, 4096, 4, 128).variant == "gemv_tc"
-    assert configs.choose("other", 132, 1, 4096, 4096, 4, 128, exclude=("gemv_tc",)).variant == "gemv"
-    cfg = configs.legal(configs.Config("gemv", 4, 64, 64, 999, 2, 2), 1, 4096, 4)
-    assert (cfg.block_m, cfg.block_n, cfg.split_k) == (1, 256, 64)  # layout contract, split <= K steps
-    assert configs.legal(configs.Config("gemv", 4, 256, 64, 4, 2, 2), 3, 4096, 4).block_m == 4  # rows <= 4
-    assert configs.choose("H", 132, 3, 4096, 4096, 4, 128, "gemv").block_m == 4  # another bucket's entry
-    assert configs.choose("H", 132, 1, 4096, 4096, 4, 128, "gemv").block_m == 16  # the entry as measured
-
-
-def test_a_shape_timed_for_several_variants_takes_the_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the table times two variants for the exact key (one run, side by side) the faster one runs;
-    one timed variant, or none left after ``exclude``, leaves the choice to the crossovers."""
-    from qlinear.kernels.triton import configs
-
-    def entry(us: float) -> dict:
-        return {"block_m": 16, "block_n": 64, "block_k": 128, "split_k": 2, "num_warps": 2, "us": us}
-
-    table = {"H": {"crossovers": {"4": {"gemv_tc": 8, "skinny2": 16, "gemm2": 256}},
-                   "configs": {configs.table_key("gemv_tc", 16, 4096, 14336, 4, 128): entry(23.0),
-                               configs.table_key("skinny2", 16, 4096, 14336, 4, 128): entry(25.9),
-                               configs.table_key("gemv_tc", 16, 4096, 4096, 4, 128): entry(11.7),
-                               configs.table_key("skinny2", 16, 4096, 4096, 4, 128): entry(10.7),
-                               configs.table_key("gemv_tc", 16, 8192, 4096, 4, 128): entry(1.0)}}}
-    monkeypatch.setattr(configs, "_tables", lambda: table)
-    assert configs.choose("H", 132, 12, 4096, 14336, 4, 128).variant == "gemv_tc"
-    assert configs.choose("H", 132, 12, 4096, 4096, 4, 128).variant == "skinny2"
-    assert configs.choose("H", 132, 12, 8192, 4096, 4, 128).variant == "skinny2"  # only one timed: crossovers
-    assert configs.choose("H", 132, 12, 4096, 14336, 4, 128, exclude=("gemv_tc",)).variant == "skinny2"
-    assert configs.choose("H", 132, 4, 4096, 14336, 4, 128).variant == "gemv_tc"  # another bucket: crossovers
 
 
 def test_importing_qlinear_does_not_import_triton() -> None:

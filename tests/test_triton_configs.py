@@ -1,0 +1,89 @@
+"""The launch-config table and heuristics (``kernels/triton/configs.py``): which variant and tiles a call
+gets, from the shipped H200 table or the heuristic. No kernel runs here."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from qlinear.kernels.triton import configs
+
+
+def test_shipped_gemv_tc_entries_run_the_chunks_they_state() -> None:
+    """Every shipped gemv_tc entry's block_k is the step it ran on the H200 (``units`` takes it unchanged), and
+    the heuristic keeps steps inside a group except for 32-code groups (two a step)."""
+    pytest.importorskip("triton", reason="qmv_tc.units lives in a Triton module")
+    from qlinear.kernels.triton.layout import block_rows
+    from qlinear.kernels.triton.qmv_tc import units
+
+    entries = {key: e for dev in configs._tables().values() for key, e in dev["configs"].items()
+               if key.startswith("gemv_tc:")}
+    assert len(entries) >= 30
+    for key, e in entries.items():
+        f = dict(part.split("=") for part in key.split(":")[1:])
+        bits, group, k = int(f["b"]), int(f["g"]), int(f["k"])
+        ck = block_rows(group, 32 // bits) * 32 // bits
+        p = SimpleNamespace(rows_per_block=ck * bits // 32, bits=bits, kp=k, group=group)
+        assert units(p, e["block_k"]) * ck == e["block_k"], key
+    for bits, group, want in ((4, 128, 2), (2, 128, 1), (4, 32, 2), (2, 32, 2), (4, 64, 1), (4, 1 << 30, 4)):
+        cfg = configs.heuristic("gemv_tc", 132, 1, 4096, 4096, bits, group)
+        ck = block_rows(min(group, 4096), 32 // bits) * 32 // bits
+        assert cfg.block_k == want * ck, (bits, group, cfg.block_k)
+
+
+def test_configs_table_and_heuristics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured entries win (nearest M bucket of the same variant and shape); others get the heuristic."""
+    key = configs.table_key("gemv", 1, 4096, 4096, 4, 128)
+    table = {"H": {"crossovers": {"4": {"gemv": 1, "skinny": 8, "gemm": 256}},
+                   "configs": {key: {"block_n": 512, "block_k": 32, "split_k": 7, "num_warps": 4}}}}
+    monkeypatch.setattr(configs, "_tables", lambda: table)
+    assert [configs.pick_variant("H", m, 4) for m in (1, 2, 8, 9, 256, 300)] == \
+        ["gemv", "skinny", "skinny", "gemm", "gemm", "dense"]
+    assert configs.choose("H", 132, 2, 4096, 4096, 4, 128, "gemv").split_k == 7  # nearest bucket
+    assert configs.choose("other", 132, 1, 4096, 4096, 4, 128).variant == "gemv_tc"
+    assert configs.choose("other", 132, 1, 4096, 4096, 4, 128, exclude=("gemv_tc",)).variant == "gemv"
+    cfg = configs.legal(configs.Config("gemv", 4, 64, 64, 999, 2, 2), 1, 4096, 4)
+    assert (cfg.block_m, cfg.block_n, cfg.split_k) == (1, 256, 64)  # layout contract, split <= K steps
+    assert configs.legal(configs.Config("gemv", 4, 256, 64, 4, 2, 2), 3, 4096, 4).block_m == 4  # rows <= 4
+    assert configs.choose("H", 132, 3, 4096, 4096, 4, 128, "gemv").block_m == 4  # another bucket's entry
+    assert configs.choose("H", 132, 1, 4096, 4096, 4, 128, "gemv").block_m == 16  # the entry as measured
+
+
+def test_a_shape_timed_for_several_variants_takes_the_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the table times two variants for the exact key (one run, side by side) the faster one runs;
+    one timed variant, or none left after ``exclude``, leaves the choice to the crossovers."""
+    def entry(us: float) -> dict:
+        return {"block_m": 16, "block_n": 64, "block_k": 128, "split_k": 2, "num_warps": 2, "us": us}
+
+    table = {"H": {"crossovers": {"4": {"gemv_tc": 8, "skinny2": 16, "gemm2": 256}},
+                   "configs": {configs.table_key("gemv_tc", 16, 4096, 14336, 4, 128): entry(23.0),
+                               configs.table_key("skinny2", 16, 4096, 14336, 4, 128): entry(25.9),
+                               configs.table_key("gemv_tc", 16, 4096, 4096, 4, 128): entry(11.7),
+                               configs.table_key("skinny2", 16, 4096, 4096, 4, 128): entry(10.7),
+                               configs.table_key("gemv_tc", 16, 8192, 4096, 4, 128): entry(1.0)}}}
+    monkeypatch.setattr(configs, "_tables", lambda: table)
+    assert configs.choose("H", 132, 12, 4096, 14336, 4, 128).variant == "gemv_tc"
+    assert configs.choose("H", 132, 12, 4096, 4096, 4, 128).variant == "skinny2"
+    assert configs.choose("H", 132, 12, 8192, 4096, 4, 128).variant == "skinny2"  # only one timed: crossovers
+    assert configs.choose("H", 132, 12, 4096, 14336, 4, 128, exclude=("gemv_tc",)).variant == "skinny2"
+    assert configs.choose("H", 132, 4, 4096, 14336, 4, 128).variant == "gemv_tc"  # another bucket: crossovers
+
+
+def test_shipped_table_runs_gemm3_at_mid_m_where_it_was_faster() -> None:
+    """The H200 table timed gemm2 and gemm3 side by side for M = 64..256 on four shapes (one run): every such
+    key picks the faster one (gemm3 on all twelve), and a 4-bit call whose table has no timing falls to the
+    crossovers, which put gemm3 ahead of gemm2; excluding gemm3 (a layer it cannot run) gives gemm2."""
+    table = configs._tables()["NVIDIA H200"]["configs"]
+    keys = [k for k in table if k.startswith("gemm3:")]
+    assert len(keys) >= 12
+    for key in keys:
+        f = dict(part.split("=") for part in key.split(":")[1:])
+        m, n, k = int(f["m"]), int(f["n"]), int(f["k"])
+        rival = table.get(key.replace("gemm3:", "gemm2:"), {})
+        want = "gemm3" if table[key]["us"] < rival.get("us", float("inf")) else "gemm2"
+        assert configs.choose("NVIDIA H200", 132, m, n, k, 4, 128).variant == want, key
+    assert configs.choose("NVIDIA H200", 132, 100, 3072, 3072, 4, 128).variant == "gemm3"
+    assert configs.choose("NVIDIA H200", 132, 100, 3072, 3072, 4, 128, exclude=("gemm3",)).variant == "gemm2"
+    assert configs.choose("NVIDIA H200", 132, 100, 3072, 3072, 8, 128).variant == "gemm2"  # 8-bit crossovers
+    assert configs.choose("NVIDIA H200", 132, 600, 3072, 3072, 4, 128).variant == "dense"
