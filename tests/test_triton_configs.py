@@ -87,3 +87,26 @@ def test_shipped_table_runs_gemm3_at_mid_m_where_it_was_faster() -> None:
     assert configs.choose("NVIDIA H200", 132, 100, 3072, 3072, 4, 128, exclude=("gemm3",)).variant == "gemm2"
     assert configs.choose("NVIDIA H200", 132, 100, 3072, 3072, 8, 128).variant == "gemm2"  # 8-bit crossovers
     assert configs.choose("NVIDIA H200", 132, 600, 3072, 3072, 4, 128).variant == "dense"
+
+
+def test_explain_choice_names_the_variant_config_and_evidence() -> None:
+    """The explanation re-traces choose(): its first line names the variant and the legalised config the call
+    runs, with the side-by-side times where the table has them; every other variant gets its own reason."""
+    from qlinear.kernels.triton.why import explain_choice
+
+    h200 = "NVIDIA H200"
+    lines = explain_choice(h200, 132, 128, 14336, 4096, 4096, 4, 128, {})
+    cfg = configs.legal(configs.choose(h200, 132, 128, 14336, 4096, 4, 128), 128, 4096, 4)
+    assert lines[0].startswith(f"M=128: {cfg.variant} — fastest of the variants")
+    assert "gemm3 44." in lines[0] and "gemm2 47.8 us" in lines[0]
+    assert f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}, split-K {cfg.split_k}" in lines[0]
+    assert "  gemm2: timed slower for this shape (47.8 us)" in lines
+    assert "  gemv_tc: serves M buckets <= 16" in lines
+    assert len(lines) == len(configs.VARIANTS)  # the chosen one, then each other variant once
+    why = "compute capability 8.0 (needs 9.0+ for bfloat16 (sub/mul.bf16x2))"
+    lines = explain_choice(h200, 132, 100, 3072, 3072, 3072, 4, 128, {"gemm3": why})
+    assert lines[0].startswith("M=100: gemm2 — crossover: gemm2 serves M buckets <= 256 (128 here)")
+    assert "heuristic (no table entry for this shape)" in lines[0]
+    assert f"  gemm3: {why}" in lines
+    assert explain_choice(h200, 132, 3000, 3072, 3072, 3072, 4, 128, {})[0].startswith(
+        "M=3000: dense — no variant's crossover covers M bucket 4096")

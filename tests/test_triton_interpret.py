@@ -216,6 +216,20 @@ def test_gemv_tc_is_picked_by_m_and_skipped_where_it_cannot_run() -> None:
     assert [eight.config_for(m, cpu).variant for m in (1, 4, 40)] == ["gemv", "skinny2", "gemm2"]
 
 
+def test_explain_call_agrees_with_the_config_the_forward_runs() -> None:
+    """``explain_call`` names the variant and tiles ``config_for`` gives, and the layer's own reasons."""
+    cpu = torch.device("cpu")
+    for case in (GPTQ[0], GPTQ[6]):
+        layer, _, _ = gptq_layer(case)
+        for m in (1, 9, 100, 3000):
+            cfg = layer.config_for(m, cpu)
+            first, *rest = layer.explain_call(m, "cpu").splitlines()
+            assert first.startswith(f"M={m}: {cfg.variant} — "), first
+            assert f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}, split-K {cfg.split_k}, {cfg.num_warps} warps" in first
+            assert len(rest) == len(VARIANTS) - 1
+    assert "  gemm3: 8-bit words (gemm3 pairs 4-bit codes)" in layer.explain_call(100, "cpu").splitlines()
+
+
 def test_gemm3_declares_what_it_cannot_run() -> None:
     """gemm3 (4-bit codes paired by PTX) names each reason; bfloat16 pairs need sm_90, float16 sm_80."""
     from qlinear.kernels.triton.qmm3 import skinny3_reasons

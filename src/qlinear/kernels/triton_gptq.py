@@ -161,15 +161,29 @@ class TritonQuantMixin:
                       offsets=self._rt_offsets)
 
     # ------------------------------------------------------------------ forward
-    def unfit_variants(self, m: int, device: torch.device) -> tuple[str, ...]:
-        """The variants M alone could give this call that this layer, dtype or device cannot run."""
+    def unfit_variants(self, m: int, device: torch.device) -> dict[str, str]:
+        """The variants M alone could give this call that this layer, dtype or device cannot run, with why."""
         from .triton.qmm3 import skinny3_reasons
         from .triton.qmv_tc import capability
 
         cap = capability(device)
-        out = ("gemv_tc",) if tc_unfit(self.packed(), m, self.dtype, device) else ()
-        return out + tuple(v for v in ("skinny3", "gemm3")
-                           if skinny3_reasons(self.packed(), m, self.dtype, v, cap))
+        reasons = {"gemv_tc": tc_unfit(self.packed(), m, self.dtype, device)}
+        reasons |= {v: skinny3_reasons(self.packed(), m, self.dtype, v, cap) for v in ("skinny3", "gemm3")}
+        return {v: "; ".join(why) for v, why in reasons.items() if why}
+
+    def explain_call(self, m: int, device: torch.device | str = "cuda") -> str:
+        """Which Triton variant and config a forward of M rows runs on ``device``, on what evidence, and why
+        each other variant does not (``cpu``: the interpreter's view, without the device's table)."""
+        from .triton.why import explain_choice
+
+        self.ensure_prepared()
+        device = torch.device(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("explain_call: no CUDA device here; device='cpu' gives the interpreter's view")
+        name, sms = device_facts(device.index or 0) if device.type == "cuda" else ("interpreter", 4)
+        bits, k, n, group = self._rt_meta[:4]  # type: ignore[index]
+        return "\n".join(explain_choice(name, sms, m, n, k, self.packed().kp, bits, group,
+                                         self.unfit_variants(m, device)))
 
     def config_for(self, m: int, device: torch.device, variant: str | None = None) -> Any:
         """The launch config for M rows on ``device`` (table entry or heuristic, then legalised)."""
@@ -178,7 +192,7 @@ class TritonQuantMixin:
         name, sms = device_facts(device.index or 0) if device.type == "cuda" else ("interpreter", 4)
         bits, k, n, group = self._rt_meta[:4]  # type: ignore[index]
         kp = self.packed().kp
-        unfit = () if variant else self.unfit_variants(m, device)
+        unfit = () if variant else tuple(self.unfit_variants(m, device))
         cfg = choose(name, sms, m, n, k, bits, group, variant, exclude=unfit)
         return legal(cfg, m, kp, bits)
 
