@@ -228,6 +228,9 @@ def test_explain_call_agrees_with_the_config_the_forward_runs() -> None:
             assert f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}, split-K {cfg.split_k}, {cfg.num_warps} warps" in first
             assert len(rest) == len(VARIANTS) - 1
     assert "  gemm3: 8-bit words (gemm3 pairs 4-bit codes)" in layer.explain_call(100, "cpu").splitlines()
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device here"):
+            layer.explain_call(100)
 
 
 def test_gemm3_declares_what_it_cannot_run() -> None:
