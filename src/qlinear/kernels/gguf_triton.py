@@ -40,6 +40,8 @@ MAX_DENSE = 1 << 26
 #: 4-bit types whose blocks are ``scale * code + offset`` over runs of 32: ``affine_runtime`` runs them on the
 #: GPTQ kernels
 AFFINE_RUNNABLE = frozenset({T.Q4_0, T.Q4_1, T.Q4_K})
+#: GPTQ variants without an additive per-group offset (the affine runtime needs one)
+NO_OFFSETS = ("skinny", "skinny3", "gemm", "gemm3")
 AFFINE_BUFFERS = ("_af_qweight", "_af_scales", "_af_offsets", "_af_supers", "_af_perm")
 
 
@@ -109,11 +111,11 @@ class GGUFTritonKernel(GGUFQuantLinear):
         cfg = config
         if cfg is None:
             name, sms = device_facts(x2.device.index or 0) if x2.device.type == "cuda" else ("interpreter", 4)
-            cfg = choose(name, sms, m, p.n, p.k, 4, 32, variant)
+            if variant in NO_OFFSETS:  # asked for by name: the same role among the variants with offsets
+                variant = "skinny2" if m <= 16 else "gemm2"
+            cfg = choose(name, sms, m, p.n, p.k, 4, 32, variant, exclude=NO_OFFSETS)
             if cfg.variant == "gemv_tc" and variant is None and tc_unfit(p, m, x2.dtype, x2.device):
-                cfg = choose(name, sms, m, p.n, p.k, 4, 32, exclude=("gemv_tc",))
-            if cfg.variant in ("skinny", "skinny3", "gemm", "gemm3"):
-                cfg = choose(name, sms, m, p.n, p.k, 4, 32, "skinny2" if m <= 16 else "gemm2")
+                cfg = choose(name, sms, m, p.n, p.k, 4, 32, exclude=(*NO_OFFSETS, "gemv_tc"))
             if cfg.variant in ("skinny2", "gemm2"):  # one 32-group per step: [1, BN] scales and offsets, not
                 cfg = replace(cfg, block_k=32)  # [BK, BN] float32 tiles pipelined through shared memory
             cfg = legal(cfg, m, p.kp, 4)

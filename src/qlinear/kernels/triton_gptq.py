@@ -44,6 +44,10 @@ def device_facts(index: int) -> tuple[str, int]:
     return props.name, props.multi_processor_count
 
 
+#: variants with limits of their own (bits, field blocks, dtype, compute capability) beyond the layer's declaration
+FITTED = ("gemv_tc", "skinny3", "gemm3")
+
+
 def tc_unfit(p: Any, m: int, dtype: torch.dtype, device: torch.device) -> list[str]:
     """Why the tensor-core GEMV (``gemv_tc``) cannot take this call, which M alone would give it."""
     from .triton.qmv_tc import capability, tc_reasons
@@ -166,9 +170,9 @@ class TritonQuantMixin:
         from .triton.qmm3 import skinny3_reasons
         from .triton.qmv_tc import capability
 
-        cap = capability(device)
-        reasons = {"gemv_tc": tc_unfit(self.packed(), m, self.dtype, device)}
-        reasons |= {v: skinny3_reasons(self.packed(), m, self.dtype, v, cap) for v in ("skinny3", "gemm3")}
+        p, cap = self.packed(), capability(device)
+        reasons = {"gemv_tc": tc_unfit(p, m, self.dtype, device)}
+        reasons |= {v: skinny3_reasons(p, m, self.dtype, v, cap) for v in FITTED if v != "gemv_tc"}
         return {v: "; ".join(why) for v, why in reasons.items() if why}
 
     def explain_call(self, m: int, device: torch.device | str = "cuda") -> str:
@@ -191,10 +195,12 @@ class TritonQuantMixin:
 
         name, sms = device_facts(device.index or 0) if device.type == "cuda" else ("interpreter", 4)
         bits, k, n, group = self._rt_meta[:4]  # type: ignore[index]
-        kp = self.packed().kp
-        unfit = () if variant else tuple(self.unfit_variants(m, device))
-        cfg = choose(name, sms, m, n, k, bits, group, variant, exclude=unfit)
-        return legal(cfg, m, kp, bits)
+        cfg = choose(name, sms, m, n, k, bits, group, variant)
+        if variant is None and cfg.variant in FITTED:  # chosen by M and shape; this layer may not fit it
+            unfit = tuple(self.unfit_variants(m, device))
+            if cfg.variant in unfit:  # the same choice among the rest (fastest timed, else the crossovers)
+                cfg = choose(name, sms, m, n, k, bits, group, exclude=unfit)
+        return legal(cfg, m, self.packed().kp, bits)
 
     def matmul(self, x2: torch.Tensor, variant: str | None = None, config: Any = None) -> torch.Tensor:
         """``x2 [M, K] @ W^T + bias`` with the chosen (or given) variant/config."""

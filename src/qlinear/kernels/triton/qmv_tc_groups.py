@@ -13,6 +13,15 @@ from .common import SUPER_GROUPS
 
 
 @triton.jit
+def _term(s, zm, o, c, cx, SUBZ: tl.constexpr, HAS_OFF: tl.constexpr):
+    """``s (C - (m + z) Cx) (+ o Cx)``, or ``s C (+ o Cx)`` when the MMA already took ``q - z``."""
+    out = s * c if SUBZ else s * (c - zm * cx)
+    if HAS_OFF:
+        out += o * cx
+    return out
+
+
+@triton.jit
 def _group_term(S, Z, OFF, SUP, grp, NP, ccol, nmask, c, cx, ZC: tl.constexpr, MAGIC: tl.constexpr,
                 HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr, HAS_SUP: tl.constexpr, SUBZ: tl.constexpr):
     """A tile's contribution of one step: ``s (C - (m + z) Cx) (+ o Cx)`` with the group's parameters
@@ -22,20 +31,15 @@ def _group_term(S, Z, OFF, SUP, grp, NP, ccol, nmask, c, cx, ZC: tl.constexpr, M
     sup = (grp // SUPER_GROUPS) * (2 * NP) + ccol
     if HAS_SUP:
         s = s * tl.load(SUP + sup, mask=nmask, other=0.0)
-    if SUBZ:
-        out = s * c
-    else:
-        if HAS_Z:  # noqa: SIM108 (constexpr branch)
-            zm = tl.load(Z + grp * NP + ccol, mask=nmask, other=0).to(tl.float32) + MAGIC
-        else:
-            zm = ZC + MAGIC
-        out = s * (c - zm * cx)
+    zm = ZC + MAGIC
+    if HAS_Z and not SUBZ:
+        zm = tl.load(Z + grp * NP + ccol, mask=nmask, other=0).to(tl.float32) + MAGIC
+    o = 0.0
     if HAS_OFF:
         o = tl.load(OFF + grp * NP + ccol, mask=nmask, other=0.0).to(tl.float32)
         if HAS_SUP:
             o = o * tl.load(SUP + sup + NP, mask=nmask, other=0.0)
-        out += o * cx
-    return out
+    return _term(s, zm, o, c, cx, SUBZ, HAS_OFF)
 
 
 @triton.jit
@@ -51,14 +55,6 @@ def _tile_pairs(v, L: tl.constexpr):
 def _lane_params(P, off, nmask, L: tl.constexpr):
     """One vector load of the group's parameter at the lane's 4 columns, as both tiles' fragments (float32)."""
     return _tile_pairs(tl.load(P + off, mask=nmask, other=0).to(tl.float32), L)
-
-
-@triton.jit
-def _term(s, zm, o, c, cx, SUBZ: tl.constexpr, HAS_OFF: tl.constexpr):
-    out = s * c if SUBZ else s * (c - zm * cx)
-    if HAS_OFF:
-        out += o * cx
-    return out
 
 
 @triton.jit
