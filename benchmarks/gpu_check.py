@@ -34,7 +34,7 @@ M_VARIANT = ((1, "auto"), (4, "auto"), (1, "gemv_tc"), (5, "gemv_tc"), (8, "gemv
              (1, "gemv"), (2, "gemv"), (3, "gemv"), (6, "gemv"),
              (16, "skinny"), (5, "skinny2"), (16, "skinny2"), (1, "skinny3"), (5, "skinny3"),
              (16, "skinny3"), (33, "gemm"), (128, "gemm"), (33, "gemm2"), (128, "gemm2"), (33, "gemm3"),
-             (200, "gemm3"), (1024, "dense"))
+             (200, "gemm3"), (16, "gemm4"), (33, "gemm4"), (200, "gemm4"), (1024, "dense"))
 
 
 def random_affine(n: int, k: int, bits: int, group: int, sym: bool, desc: bool, gen: torch.Generator) -> AffineWeight:
@@ -64,17 +64,22 @@ def sync(dev: torch.device) -> None:
 
 
 def check_layer(layer: TritonV2Linear, q: AffineWeight, bias: torch.Tensor | None, dtype: torch.dtype,
-                gen: torch.Generator) -> list[tuple[int, str, float, str]]:
+                gen: torch.Generator, variants: tuple[str, ...] = ()) -> list[tuple[int, str, float, str]]:
     """Run every (M, variant) on one layer; returns (M, variant, error, problem-or-'')."""
     dev = layer._rt_qweight.device
     w64 = reference(q, dev)
     out = []
     from qlinear.kernels.triton.qmm3 import skinny3_reasons
-    from qlinear.kernels.triton.qmv_tc import tc_reasons
+    from qlinear.kernels.triton.qmm4 import gemm4_reasons
+    from qlinear.kernels.triton.qmv_tc import capability, tc_reasons
 
     for m, variant in M_VARIANT:
+        if variants and variant not in variants:
+            continue
         if variant in ("skinny3", "gemm3") and skinny3_reasons(layer.packed(), m, dtype, variant):
             continue  # not declared for this layer (4-bit, 2+ word rows per field block): nothing to check
+        if variant == "gemm4" and gemm4_reasons(layer.packed(), m, dtype, capability(dev)):
+            continue  # 4-bit, field blocks of 8 word rows, sm_90
         if variant == "gemv_tc" and tc_reasons(layer.packed(), m, dtype):
             continue  # 2/4-bit, field blocks of 2+ word rows
         x = torch.randn(m, q.in_features, generator=gen).to(dev, dtype)
@@ -108,7 +113,7 @@ def check_layer(layer: TritonV2Linear, q: AffineWeight, bias: torch.Tensor | Non
 
 def sweep(full: bool, dev: torch.device, shapes: tuple[tuple[int, int], ...] = SHAPES,
           awq_shape: tuple[int, int] = (2048, 1000), budget: float = 1e9, out: str | None = None,
-          bits: tuple[int, ...] = BITS) -> int:
+          bits: tuple[int, ...] = BITS, variants: tuple[str, ...] = ()) -> int:
     """Every (bits, group) once with (sym, act-order) rotating so each bits meets all four, dtypes
     alternating; ``full``: the whole product (4x the layers, mostly compile time)."""
     gen = torch.Generator().manual_seed(1234)
@@ -131,7 +136,7 @@ def sweep(full: bool, dev: torch.device, shapes: tuple[tuple[int, int], ...] = S
         layer.load_affine(q, bias)
         layer = layer.to(dev)
         layer.prepare()
-        for m, v, err, problem in check_layer(layer, q, layer.bias, dtype, gen):
+        for m, v, err, problem in check_layer(layer, q, layer.bias, dtype, gen, variants):
             failures += bool(problem)
             rows.append((f"gptq {b}b g{g} {'sym' if sym else 'asym'}{' act' if desc else ''} "
                          f"{str(dtype)[6:]} {k}x{n}", m, v, err, problem))
@@ -143,7 +148,7 @@ def sweep(full: bool, dev: torch.device, shapes: tuple[tuple[int, int], ...] = S
         layer.load_affine(q)
         layer = layer.to(dev)
         layer.prepare()
-        for m, v, err, problem in check_layer(layer, q, None, torch.float16, gen):
+        for m, v, err, problem in check_layer(layer, q, None, torch.float16, gen, variants):
             failures += bool(problem)
             rows.append((f"awq 4b g{g} {'sym' if sym else 'asym'} float16 {k}x{n}", m, v, err, problem))
     table = ["| layer | M | variant | rel err | result |", "| --- | --- | --- | --- | --- |"]
@@ -242,6 +247,7 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=200, help="seconds after which no new layer starts")
     ap.add_argument("--bits", default="2,4,8", help="weight bits to check (GPTQ layers)")
     ap.add_argument("--out", help="write the full Markdown table of checks here")
+    ap.add_argument("--variants", default="", help="only these variants (comma-separated; default: all)")
     ap.add_argument("--interpret-smoke", action="store_true",
                     help="tiny shapes on CPU under TRITON_INTERPRET=1 (checks this script, not the GPU)")
     args = ap.parse_args()
@@ -254,8 +260,9 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton "
           f"{__import__('triton').__version__}")
     bits = tuple(int(b) for b in args.bits.split(","))
+    variants = tuple(v for v in args.variants.split(",") if v)
     return sass_report() if args.sass else sweep(args.full, torch.device("cuda"), budget=args.budget, out=args.out,
-                                                 bits=bits)
+                                                 bits=bits, variants=variants)
 
 
 if __name__ == "__main__":

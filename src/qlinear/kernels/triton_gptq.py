@@ -45,7 +45,7 @@ def device_facts(index: int) -> tuple[str, int]:
 
 
 #: variants with limits of their own (bits, field blocks, dtype, compute capability) beyond the layer's declaration
-FITTED = ("gemv_tc", "skinny3", "gemm3")
+FITTED = ("gemv_tc", "skinny3", "gemm4", "gemm3")
 
 
 def tc_unfit(p: Any, m: int, dtype: torch.dtype, device: torch.device) -> list[str]:
@@ -168,11 +168,12 @@ class TritonQuantMixin:
     def unfit_variants(self, m: int, device: torch.device) -> dict[str, str]:
         """The variants M alone could give this call that this layer, dtype or device cannot run, with why."""
         from .triton.qmm3 import skinny3_reasons
+        from .triton.qmm4 import gemm4_reasons
         from .triton.qmv_tc import capability
 
         p, cap = self.packed(), capability(device)
-        reasons = {"gemv_tc": tc_unfit(p, m, self.dtype, device)}
-        reasons |= {v: skinny3_reasons(p, m, self.dtype, v, cap) for v in FITTED if v != "gemv_tc"}
+        reasons = {"gemv_tc": tc_unfit(p, m, self.dtype, device), "gemm4": gemm4_reasons(p, m, self.dtype, cap)}
+        reasons |= {v: skinny3_reasons(p, m, self.dtype, v, cap) for v in ("skinny3", "gemm3")}
         return {v: "; ".join(why) for v, why in reasons.items() if why}
 
     def explain_call(self, m: int, device: torch.device | str = "cuda") -> str:

@@ -17,6 +17,8 @@ A config is chosen per call from the flattened row count M. Variants, each with 
   operand of a swap-AB wgmma (``qmm3.py``).
 * ``gemm3``  the same kernel tiled over M (up to 256 rows a tile): 4-bit mid-M, ahead of ``gemm2`` where it
   can run (4-bit, field blocks of 2+ word rows, no additive offsets).
+* ``gemm4``  gemm3's product in Gluon (``qmm4.py``), sm_90 only: the next step's dequantization overlaps this
+  step's wgmma (two A register sets, explicit waits), activations by TMA.
 * ``dense``  dequantize into a transient dense weight and call cuBLAS (large M).
 
 The table (``tuned_<device>.json``) is keyed by device name, then ``variant:m=<bucket>:n=:k=:b=:g=``;
@@ -31,7 +33,7 @@ from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from typing import Any
 
-VARIANTS = ("gemv_tc", "gemv", "skinny3", "skinny", "skinny2", "gemm", "gemm3", "gemm2", "dense")
+VARIANTS = ("gemv_tc", "gemv", "skinny3", "skinny", "skinny2", "gemm", "gemm4", "gemm3", "gemm2", "dense")
 #: group length the kernels use for "one group spans K" (any block is inside group 0)
 CHANNELWISE = 1 << 30
 #: default crossovers (largest M bucket served), used when the table has none for a device/bits
@@ -191,6 +193,12 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         tiles = -(-m // bm) * -(-n // 128)
         split = _split(tiles, -(-k // bk), sms, 1, 4)
         return Config("gemm3", bm, 128, bk, split, 8, 3 if bm == 64 else 4)
+    if variant == "gemm4":  # gemm3's tiles in Gluon (qmm4.py): 64 output channels a warpgroup
+        bm = 64 if m <= 64 else 128
+        bk = 128 if bm == 64 else 64
+        tiles = -(-m // bm) * -(-n // 128)
+        split = _split(tiles, -(-k // bk), sms, 1, 4)
+        return Config("gemm4", bm, 128, bk, split, 8, 4)
     if variant == "gemm2":  # wgmma tiles (64 rows per warpgroup), 8 warps
         bm = 64 if m <= 64 else 128
         bn = 128 if n >= 128 else max(32, 1 << (n - 1).bit_length())
@@ -231,7 +239,7 @@ def choose(device: str, sms: int, m: int, n: int, k: int, bits: int, group: int,
 def legal(cfg: Config, m: int, k: int, bits: int) -> Config:
     """Clamp a config to what the kernels accept for this call (powers of two, dot minimums, split range)."""
     pf = 32 // bits
-    bk = max(cfg.block_k, pf, 16 * (cfg.variant in ("skinny", "gemm", "skinny2", "gemm2", "skinny3", "gemm3")))
+    bk = max(cfg.block_k, pf, 16 * (cfg.variant in ("skinny", "gemm", "skinny2", "gemm2", "skinny3", "gemm3", "gemm4")))
     if cfg.variant == "gemv_tc":  # warps: block_n / 32 along N, the rest along K (qmv_tc.py)
         wn = max(1, min(cfg.num_warps, cfg.block_n // 32))
         return replace(cfg, block_m=16 if m > 8 and cfg.block_m > 8 else 8, block_n=32 * wn, num_stages=1,
@@ -241,9 +249,10 @@ def legal(cfg: Config, m: int, k: int, bits: int) -> Config:
         cfg = replace(cfg, block_n=128 * cfg.num_warps)
     stages = cfg.num_stages
     if cfg.variant != "gemv":  # keep the pipeline's A and B tiles inside Hopper's 227 KiB of shared memory
-        while stages > 2 and stages * (bm * bk + bk * cfg.block_n) * 2 > SMEM_BUDGET:
+        bn = 0 if cfg.variant == "gemm4" else cfg.block_n  # gemm4's weight tile never enters shared memory
+        while stages > 2 and stages * (bm * bk + bk * bn) * 2 > SMEM_BUDGET:
             stages -= 1
-        while bk > max(16, pf) and stages * (bm * bk + bk * cfg.block_n) * 2 > SMEM_BUDGET:
+        while bk > max(16, pf) and stages * (bm * bk + bk * bn) * 2 > SMEM_BUDGET:
             bk //= 2
     words = -(-k // pf)
     nkb = -(-words // (bk // pf))

@@ -271,6 +271,10 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
         from .qmm3 import qmm3
 
         return qmm3(x2, p, cfg, bias, lock, y, use_asm=not interpreting())
+    if cfg.variant == "gemm4":
+        from .qmm4 import qmm4
+
+        return qmm4(x2, p, cfg, bias, lock, y)
     if cfg.variant == "gemv_tc":
         from ..triton_gptq import interpreting
         from .qmv_tc import qmv_tc

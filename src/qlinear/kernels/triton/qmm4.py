@@ -1,0 +1,256 @@
+"""``gemm4``: gemm3's swap-AB product written in Gluon, so the next step's dequantization overlaps this step's wgmma.
+
+gemm3 (``qmm3.py``) dequantizes a 4-bit tile into registers and hands it to wgmma as the A operand; Triton 3.6
+then waits for every wgmma of the step before the next dequantization starts (it must: it would otherwise
+overwrite A registers still being read, triton-lang/triton#9433), so the tensor cores idle while the ALUs
+work. Gluon states the pipeline explicitly: two A register sets, the step's wgmma issued asynchronously,
+``warpgroup_mma_wait(1, deps=[previous A])`` keeping the previous set alive exactly until its wgmma is done.
+Activations arrive by TMA into a ring of ``STAGES`` shared-memory tiles; packed codes and scales are loaded
+straight into the registers that need them, two steps ahead.
+
+The register layout of the codes is the wgmma A fragment itself: thread ``(warp w, lane l)`` holds output
+channels ``16 w + l / 4`` and ``+ 8`` and word rows ``2 (l % 4)``, ``+ 1`` of each 8-row field block, which
+(``layout.py``, ``R = 8``) are exactly the K pairs ``8 j + 2 (l % 4)`` of field ``j`` the fragment wants. So
+the dequantized fields reach wgmma without a shuffle (``convert_layout(..., assert_trivial=True)``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from .configs import Config
+from .layout import Packed
+from .qmm3 import ASM_BF16, ASM_F16, block_k3, skinny3_reasons
+
+#: the TMA load builtin: ``async_copy_global_to_shared`` in Triton 3.6 (the H200's), ``async_load`` from 3.7 on
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+
+@gluon.constexpr_function
+def code_layout(block_n: int, bkw: int, num_warps: int) -> gl.DistributedLinearLayout:
+    """Words ``[BN, BKW]`` as the wgmma A fragment holds their fields (see the module docstring)."""
+    regs = [[0, 1], [8, 0]] + [[0, 8 * i] for i in (1, 2, 4) if 8 * i < bkw]
+    regs += [[16 * num_warps * i, 0] for i in (1, 2, 4) if 16 * num_warps * i < block_n]
+    warps = [[16 * i, 0] for i in (1, 2, 4, 8) if i < num_warps]
+    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+                                      warp_bases=warps, block_bases=[], shape=[block_n, bkw])
+
+
+@gluon.constexpr_function
+def mma_layout(block_m: int, num_warps: int) -> gl.NVMMADistributedLayout:
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, block_m, 16])
+
+
+@gluon.jit
+def _load_step(W, S, Z, kb, kb_end, offs_n, offs_w, nmask, KW, NP, GS: gl.constexpr, HAS_Z: gl.constexpr,
+               BLOCK_K: gl.constexpr):
+    """Step ``kb``'s words ``[BN, BKW]`` and its scale/zero row; nothing is read for ``kb >= kb_end``."""
+    BKW: gl.constexpr = BLOCK_K // 8
+    rows = kb * BKW + offs_w
+    ok = nmask & (kb < kb_end)
+    w = gl.load(W + rows[None, :] * NP + offs_n[:, None], mask=ok[:, None] & (rows < KW)[None, :], other=0)
+    g = kb * BLOCK_K // GS
+    s = gl.load(S + g * NP + offs_n, mask=ok, other=0.0)
+    z = gl.load(Z + g * NP + offs_n, mask=ok, other=0) if HAS_Z else s
+    return w, s, z
+
+
+@gluon.jit
+def _dequant(w, s, z, ZC: gl.constexpr, HAS_Z: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+             a_layout: gl.constexpr, dt: gl.constexpr):
+    """Words -> the A fragment ``[BN, BK]`` in the activation dtype, rows in sorted K order."""
+    BKW: gl.constexpr = BLOCK_K // 8
+    MAGIC: gl.constexpr = 128.0 if dt == gl.bfloat16 else 1024.0
+    zf = z.to(gl.float32) if HAS_Z else gl.full(s.shape, ZC, gl.float32, s.type.layout)
+    sb = gl.broadcast(s.to(dt)[:, None], w)[0]
+    zc = gl.broadcast((zf + MAGIC).to(dt)[:, None], w)[0]
+    if dt == gl.bfloat16:
+        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+            ASM_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [w, sb, zc], dtype=(gl.bfloat16,) * 8, is_pure=True,
+            pack=2)
+    else:
+        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+            ASM_F16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [w, sb, zc], dtype=(gl.float16,) * 8, is_pure=True,
+            pack=2)
+    q = gl.join(gl.join(gl.join(o0, o4), gl.join(o2, o6)), gl.join(gl.join(o1, o5), gl.join(o3, o7)))
+    q = gl.reshape(gl.permute(gl.reshape(q, (BLOCK_N, BKW // 8, 8, 8)), (0, 1, 3, 2)), (BLOCK_N, BLOCK_K))
+    return gl.convert_layout(q, a_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _fresh(a):
+    """``a`` through an opaque ``mov``: the wgmma reads registers nothing else defines (the pattern of
+    triton-lang/triton#9514, which ptxas keeps reserved until the ``wgmma.wait_group`` that retires it)."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [a], dtype=a.dtype, is_pure=True, pack=2)
+
+
+@gluon.jit
+def _step(acc, w0, s0, z0, w1, s1, z1, i, W, S, Z, kb0, kb1, offs_n, offs_w, nmask, KW, NP, m0, steps2, x_desc, xs,
+          bars, GS: gl.constexpr, ZC: gl.constexpr, HAS_Z: gl.constexpr, BLOCK_N: gl.constexpr,
+          BLOCK_K: gl.constexpr, STAGES: gl.constexpr, a_layout: gl.constexpr):
+    """Step ``i``: dequantize (while wgmma ``i - 1`` runs), issue wgmma ``i``, wait for ``i - 1``, refill the
+    x slot it read, and load the words of step ``i + 2``.
+
+    The loop runs two of these an iteration, so the two steps' A operands are different PTX registers: ptxas
+    keeps a wgmma's A registers until the ``wait_group`` that retires it, but one register set per loop body
+    would be rewritten by the next iteration while its wgmma is still in flight."""
+    a = _fresh(_dequant(w0, s0, z0, ZC, HAS_Z, BLOCK_N, BLOCK_K, a_layout, x_desc.dtype))
+    w0, s0, z0 = w1, s1, z1
+    w1, s1, z1 = _load_step(W, S, Z, kb0 + i + 2, kb1, offs_n, offs_w, nmask, KW, NP, GS, HAS_Z, BLOCK_K)
+    slot = i % STAGES
+    mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
+    acc = warpgroup_mma(a, xs.index(slot).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])  # wgmma i - 1 done: its x slot is free
+    nxt = i + STAGES - 1
+    mbarrier.expect(bars.index(nxt % STAGES), x_desc.block_type.nbytes, pred=nxt < steps2)
+    tma_load(x_desc, [m0, (kb0 + nxt) * BLOCK_K], bars.index(nxt % STAGES), xs.index(nxt % STAGES),
+             pred=nxt < steps2)
+    return acc, w0, s0, z0, w1, s1, z1
+
+
+@gluon.jit
+def qmm4_kernel(x_desc, W, S, Z, BIAS, Y, PART, LOCK, M, N, KW, NP, SPLIT_K, stride_ym, GS: gl.constexpr,
+                ZC: gl.constexpr, HAS_Z: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr):
+    """Grid ``(M tiles x N tiles, SPLIT_K)``, M tiles fastest; x (sorted order) comes through ``x_desc`` in
+    ``[BM, BK]`` tiles, zero past its edges. With ``SPLIT`` each K range writes its float32 partial to
+    ``PART [SPLIT_K, M, N]`` and the last to finish (counter ``LOCK[tile]``, reset by it) sums them in split
+    order (deterministic), as ``common.store_split`` does for the Triton variants."""
+    NW: gl.constexpr = gl.num_warps()
+    BKW: gl.constexpr = BLOCK_K // 8
+    dt: gl.constexpr = x_desc.dtype
+    acc_layout: gl.constexpr = mma_layout(BLOCK_M, NW)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    w_layout: gl.constexpr = code_layout(BLOCK_N, BKW, NW)
+
+    tiles_m = gl.cdiv(M, BLOCK_M)
+    pid = gl.program_id(0)
+    pid_m = pid % tiles_m
+    pid_n = pid // tiles_m
+    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_layout))
+    offs_w = gl.arange(0, BKW, layout=gl.SliceLayout(0, w_layout))
+    nmask = offs_n < NP
+    nkb = gl.cdiv(KW, BKW)
+    per = gl.cdiv(nkb, SPLIT_K)
+    kb0 = gl.program_id(1) * per
+    kb1 = gl.minimum(kb0 + per, nkb)
+    steps = kb1 - kb0
+    m0 = pid_m * BLOCK_M
+
+    steps2 = steps + steps % 2  # whole pairs: an extra step has zero weights (masked) and finite x
+    xs = gl.allocate_shared_memory(dt, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    for i in gl.static_range(STAGES - 1):  # past K the TMA box reads zeros
+        mbarrier.expect(bars.index(i), x_desc.block_type.nbytes, pred=i < steps2)
+        tma_load(x_desc, [m0, (kb0 + i) * BLOCK_K], bars.index(i), xs.index(i), pred=i < steps2)
+
+    w0, s0, z0 = _load_step(W, S, Z, kb0, kb1, offs_n, offs_w, nmask, KW, NP, GS, HAS_Z, BLOCK_K)
+    w1, s1, z1 = _load_step(W, S, Z, kb0 + 1, kb1, offs_n, offs_w, nmask, KW, NP, GS, HAS_Z, BLOCK_K)
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
+    for i in range(0, steps2, 2):  # two steps an iteration: each reads its own A registers (see _step)
+        acc, w0, s0, z0, w1, s1, z1 = _step(acc, w0, s0, z0, w1, s1, z1, i, W, S, Z, kb0, kb1, offs_n, offs_w,
+                                            nmask, KW, NP, m0, steps2, x_desc, xs, bars, GS, ZC, HAS_Z, BLOCK_N,
+                                            BLOCK_K, STAGES, a_layout)
+        acc, w0, s0, z0, w1, s1, z1 = _step(acc, w0, s0, z0, w1, s1, z1, i + 1, W, S, Z, kb0, kb1, offs_n,
+                                            offs_w, nmask, KW, NP, m0, steps2, x_desc, xs, bars, GS, ZC, HAS_Z,
+                                            BLOCK_N, BLOCK_K, STAGES, a_layout)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+
+    out_layout: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32, 1], [32, 1], [1, NW], [0, 1])
+    out = gl.convert_layout(acc, out_layout)
+    on = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_layout))
+    om = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
+    mask = (on < N)[:, None] & (om < M)[None, :]
+    if SPLIT:
+        gl.store(PART + gl.program_id(1) * M * N + om[None, :] * N + on[:, None], out, mask=mask)
+        gl.thread_barrier()  # every thread's partial is written before the counter is released
+        seen = gl.atomic_add(LOCK + pid, 1, sem="acq_rel", scope="gpu")
+        if seen == SPLIT_K - 1:
+            _sum_partials(Y, BIAS, PART, on, m0, M, N, SPLIT_K, stride_ym, HAS_BIAS, BLOCK_N, BLOCK_M, NW)
+            gl.atomic_xchg(LOCK + pid, 0, sem="relaxed", scope="gpu")
+    else:
+        _store_out(Y, BIAS, out, on, om, N, mask, stride_ym, HAS_BIAS)
+
+
+@gluon.jit
+def _sum_partials(Y, BIAS, PART, on, m0, M, N, SPLIT_K, stride_ym, HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr,
+                  BLOCK_M: gl.constexpr, NW: gl.constexpr):
+    """The tile's partials summed in split order, 32 rows of M at a time, four splits' loads in flight (the
+    whole tile at once spills: 255 registers, offline SASS)."""
+    CH: gl.constexpr = 32 if BLOCK_M >= 32 else BLOCK_M
+    layout: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32, 1], [32, 1], [1, NW], [0, 1])
+    onc = gl.convert_layout(on, gl.SliceLayout(1, layout))
+    for c0 in gl.static_range(0, BLOCK_M, CH):
+        om = m0 + c0 + gl.arange(0, CH, layout=gl.SliceLayout(0, layout))
+        mask = (onc < N)[:, None] & (om < M)[None, :]
+        src = PART + om[None, :] * N + onc[:, None]
+        total = gl.zeros([BLOCK_N, CH], gl.float32, layout)
+        for sk in range(0, SPLIT_K, 4):
+            for u in gl.static_range(4):
+                total += gl.load(src + (sk + u) * M * N, mask=mask & (sk + u < SPLIT_K), other=0.0,
+                                 cache_modifier=".cg")
+        _store_out(Y, BIAS, total, onc, om, N, mask, stride_ym, HAS_BIAS)
+
+
+@gluon.jit
+def _store_out(Y, BIAS, out, on, om, N, mask, stride_ym, HAS_BIAS: gl.constexpr):
+    """``y[m, n] = out[n, m] (+ bias[n])`` in y's dtype."""
+    if HAS_BIAS:
+        out += gl.load(BIAS + on, mask=on < N, other=0.0).to(gl.float32)[:, None]
+    gl.store(Y + om[None, :] * stride_ym + on[:, None], out.to(Y.dtype.element_ty), mask=mask)
+
+
+def gemm4_reasons(p: Packed, m: int, dtype: torch.dtype, capability: tuple[int, int] | None) -> list[str]:
+    """Why ``gemm4`` cannot run this call ([] when it can); ``capability`` None: no CUDA device."""
+    out = [r for r in skinny3_reasons(p, m, dtype, "gemm4", capability) if not r.startswith("compute")]
+    if capability is None or capability[0] != 9:
+        found = "no CUDA device" if capability is None else f"compute capability {capability[0]}.{capability[1]}"
+        out.append(f"{found} (Gluon wgmma + TMA: sm_90 only)")
+    if p.rows_per_block != 8:
+        out.append(f"field blocks of {p.rows_per_block} word rows (the A-fragment layout needs 8: group % 64)")
+    if (p.kp if p.perm is not None else p.k) % 8:
+        out.append(f"K = {p.k} (TMA needs 16-byte activation rows: K % 8 == 0)")
+    return out
+
+
+def qmm4(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lock: torch.Tensor | None,
+         y: torch.Tensor) -> torch.Tensor:
+    """Launch ``qmm4_kernel`` (x gathered to sorted order first when the weight is act-order)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .qmm import gather_cols
+    from .qmv_tc import capability
+
+    m = x2.shape[0]
+    why = gemm4_reasons(p, m, x2.dtype, capability(x2.device))
+    if why:
+        raise ValueError("gemm4 cannot run this call: " + "; ".join(why))
+    if p.perm is not None:
+        x2, kx = gather_cols(x2, p), p.kp
+    else:
+        kx = p.k
+    if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
+        x2 = x2.contiguous() if x2.stride(0) % 8 == 0 and x2.data_ptr() % 16 == 0 else x2.clone()
+    bk = block_k3(p, cfg.block_k)
+    bm, bn = cfg.block_m, cfg.block_n
+    dt = gl.bfloat16 if x2.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for([bm, bk], dt)
+    desc = TensorDescriptor(x2, [m, kx], [x2.stride(0), 1], [bm, bk], layout)
+    tiles = triton.cdiv(m, bm) * triton.cdiv(p.n, bn)
+    split = cfg.split_k if lock is not None and tiles <= lock.numel() else 1
+    part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
+    qmm4_kernel[(tiles, split)](
+        desc, p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales,
+        bias if bias is not None else y, y, part, lock if lock is not None else p.qweight,
+        m, p.n, p.kw, p.np, split, y.stride(0),
+        GS=p.group, ZC=p.zero_const, HAS_Z=p.zeros is not None, HAS_BIAS=bias is not None,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=cfg.num_stages, SPLIT=split > 1, num_warps=cfg.num_warps)
+    return y
