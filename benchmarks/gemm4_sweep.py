@@ -51,6 +51,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--peers", action="store_true", help="time bf16, Marlin and Machete beside")
     ap.add_argument("--quick", action="store_true", help="two (block_k, stages) pairs instead of four")
+    ap.add_argument("--splits", default="", help="split-K factors to time (default: ones that fill the SMs)")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds after which no new shape starts")
     ap.add_argument("--json", help="write the best gemm4 config per key (table entries, with us) here")
     args = ap.parse_args()
@@ -95,7 +96,7 @@ def main() -> int:
             t_ship = checked(p, r, base, x, ref, args.reps)
             rows = []
             for bm, bn, bk, wp, st in tiles_for(m, args.quick):
-                for s in splits(m, n, k, bm, bn, bk):
+                for s in [int(v) for v in args.splits.split(",")] if args.splits else splits(m, n, k, bm, bn, bk):
                     c = configs.legal(Config("gemm4", bm, bn, bk, s, wp, st), m, p.kp, 4)
                     us = checked(p, r, c, x, ref, args.reps)
                     if us is not None:

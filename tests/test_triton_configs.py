@@ -70,21 +70,31 @@ def test_a_shape_timed_for_several_variants_takes_the_fastest(monkeypatch: pytes
     assert configs.choose("H", 132, 4, 4096, 14336, 4, 128).variant == "gemv_tc"  # another bucket: crossovers
 
 
-def test_shipped_table_runs_gemm3_at_mid_m_where_it_was_faster() -> None:
-    """The H200 table timed gemm2 and gemm3 side by side for M = 64..256 on four shapes (one run): every such
-    key picks the faster one (gemm3 on all twelve), and a 4-bit call whose table has no timing falls to the
-    crossovers, which put gemm3 ahead of gemm2; excluding gemm3 (a layer it cannot run) gives gemm2."""
+def test_shipped_table_runs_the_fastest_timed_variant_at_mid_m() -> None:
+    """The H200 table times variants side by side per key (one run per key: gemm4 against the shipped gemm3 /
+    gemv_tc / skinny2 at M = 16..256 on four shapes): every such key picks its fastest. A 4-bit call whose table
+    has no timing falls to the crossovers, which put gemm4 ahead of gemm3 ahead of gemm2; excluding the ones a
+    layer cannot run gives the next."""
     table = configs._tables()["NVIDIA H200"]["configs"]
-    keys = [k for k in table if k.startswith("gemm3:")]
-    assert len(keys) >= 12
-    for key in keys:
-        f = dict(part.split("=") for part in key.split(":")[1:])
+    timed: dict[str, dict[str, float]] = {}
+    for key, entry in table.items():
+        if "us" in entry:
+            timed.setdefault(key.split(":", 1)[1], {})[key.split(":")[0]] = entry["us"]
+    mid = [rest for rest, by in timed.items() if "gemm4" in by]
+    assert len(mid) >= 16
+    for rest in mid:
+        f = dict(part.split("=") for part in rest.split(":"))
         m, n, k = int(f["m"]), int(f["n"]), int(f["k"])
-        rival = table.get(key.replace("gemm3:", "gemm2:"), {})
-        want = "gemm3" if table[key]["us"] < rival.get("us", float("inf")) else "gemm2"
-        assert configs.choose("NVIDIA H200", 132, m, n, k, 4, 128).variant == want, key
-    assert configs.choose("NVIDIA H200", 132, 100, 3072, 3072, 4, 128).variant == "gemm3"
-    assert configs.choose("NVIDIA H200", 132, 100, 3072, 3072, 4, 128, exclude=("gemm3",)).variant == "gemm2"
+        want = min(timed[rest], key=timed[rest].__getitem__)
+        assert len(timed[rest]) >= 2, rest
+        assert configs.choose("NVIDIA H200", 132, m, n, k, 4, 128).variant == want, rest
+    assert configs.choose("NVIDIA H200", 132, 100, 3072, 3072, 4, 128).variant == "gemm4"
+    assert configs.choose("NVIDIA H200", 132, 12, 3072, 3072, 4, 128).variant == "gemm4"
+    assert configs.choose("NVIDIA H200", 132, 12, 3072, 3072, 4, 128, exclude=("gemm4",)).variant == "skinny2"
+    assert configs.choose("NVIDIA H200", 132, 12, 3072, 3072, 2, 128).variant == "gemv_tc"  # 2-bit crossovers
+    assert configs.choose("NVIDIA H200", 132, 100, 3072, 3072, 4, 128, exclude=("gemm4",)).variant == "gemm3"
+    assert configs.choose("NVIDIA H200", 132, 100, 3072, 3072, 4, 128,
+                          exclude=("gemm4", "gemm3")).variant == "gemm2"
     assert configs.choose("NVIDIA H200", 132, 100, 3072, 3072, 8, 128).variant == "gemm2"  # 8-bit crossovers
     assert configs.choose("NVIDIA H200", 132, 600, 3072, 3072, 4, 128).variant == "dense"
 
@@ -97,16 +107,18 @@ def test_explain_choice_names_the_variant_config_and_evidence() -> None:
     h200 = "NVIDIA H200"
     lines = explain_choice(h200, 132, 128, 14336, 4096, 4096, 4, 128, {})
     cfg = configs.legal(configs.choose(h200, 132, 128, 14336, 4096, 4, 128), 128, 4096, 4)
-    assert lines[0].startswith(f"M=128: {cfg.variant} — fastest of the variants")
-    assert "gemm3 44." in lines[0] and "gemm2 47.8 us" in lines[0]
+    assert cfg.variant == "gemm4"
+    assert lines[0].startswith("M=128: gemm4 — fastest of the variants")
+    assert "gemm4 32.2" in lines[0] and "gemm3 44.9 us" in lines[0]
     assert f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}, split-K {cfg.split_k}" in lines[0]
-    assert "  gemm2: timed slower for this shape (47.8 us)" in lines
-    assert "  gemv_tc: serves M buckets <= 16" in lines
+    assert "  gemm3: timed slower for this shape (44.9 us)" in lines
+    assert "  gemv_tc: serves M buckets <= 8" in lines
     assert len(lines) == len(configs.VARIANTS)  # the chosen one, then each other variant once
     why = "compute capability 8.0 (needs 9.0+ for bfloat16 (sub/mul.bf16x2))"
-    lines = explain_choice(h200, 132, 100, 3072, 3072, 3072, 4, 128, {"gemm3": why})
+    why4 = "compute capability 8.0 (Gluon wgmma + TMA: sm_90 only)"
+    lines = explain_choice(h200, 132, 100, 3072, 3072, 3072, 4, 128, {"gemm4": why4, "gemm3": why})
     assert lines[0].startswith("M=100: gemm2 — crossover: gemm2 serves M buckets <= 256 (128 here)")
     assert "heuristic (no table entry for this shape)" in lines[0]
-    assert f"  gemm3: {why}" in lines
+    assert f"  gemm3: {why}" in lines and f"  gemm4: {why4}" in lines
     assert explain_choice(h200, 132, 3000, 3072, 3072, 3072, 4, 128, {})[0].startswith(
         "M=3000: dense — no variant's crossover covers M bucket 4096")

@@ -18,7 +18,8 @@ A config is chosen per call from the flattened row count M. Variants, each with 
 * ``gemm3``  the same kernel tiled over M (up to 256 rows a tile): 4-bit mid-M, ahead of ``gemm2`` where it
   can run (4-bit, field blocks of 2+ word rows, no additive offsets).
 * ``gemm4``  gemm3's product in Gluon (``qmm4.py``), sm_90 only: the next step's dequantization overlaps this
-  step's wgmma (two A register sets, explicit waits), activations by TMA.
+  step's wgmma (two A register sets, explicit waits), activations by TMA. Serves M = 9..256 ahead of
+  ``skinny2``/``gemm3``/``gemm2``, which take the calls it cannot run.
 * ``dense``  dequantize into a transient dense weight and call cuBLAS (large M).
 
 The table (``tuned_<device>.json``) is keyed by device name, then ``variant:m=<bucket>:n=:k=:b=:g=``;
@@ -33,11 +34,11 @@ from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from typing import Any
 
-VARIANTS = ("gemv_tc", "gemv", "skinny3", "skinny", "skinny2", "gemm", "gemm4", "gemm3", "gemm2", "dense")
+VARIANTS = ("gemv_tc", "gemv", "skinny3", "skinny", "gemm4", "skinny2", "gemm", "gemm3", "gemm2", "dense")
 #: group length the kernels use for "one group spans K" (any block is inside group 0)
 CHANNELWISE = 1 << 30
 #: default crossovers (largest M bucket served), used when the table has none for a device/bits
-DEFAULT_CROSSOVERS = {"gemv_tc": 8, "gemv": 1, "skinny2": 16, "gemm3": 256, "gemm2": 256}
+DEFAULT_CROSSOVERS = {"gemv_tc": 8, "gemv": 1, "gemm4": 256, "skinny2": 16, "gemm3": 256, "gemm2": 256}
 #: Shared memory a pipelined tile config may take by the A+B estimate (bytes). The compiler takes up
 #: to ~1.45x the estimate (layout buffers), so this keeps under sm_90's 227 KiB opt-in limit; a
 #: 2-bit config asked 258048 B on the H200 before this clamp.
@@ -193,12 +194,15 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         tiles = -(-m // bm) * -(-n // 128)
         split = _split(tiles, -(-k // bk), sms, 1, 4)
         return Config("gemm3", bm, 128, bk, split, 8, 3 if bm == 64 else 4)
-    if variant == "gemm4":  # gemm3's tiles in Gluon (qmm4.py): 64 output channels a warpgroup
-        bm = 64 if m <= 64 else 128
-        bk = 128 if bm == 64 else 64
-        tiles = -(-m // bm) * -(-n // 128)
-        split = _split(tiles, -(-k // bk), sms, 1, 4)
-        return Config("gemm4", bm, 128, bk, split, 8, 4)
+    if variant == "gemm4":  # the H200 sweep's winners (results/h200-gemm4_sweep-2026-12-03.md): one warpgroup of
+        # 128 channels x 16 rows up to M=16 (about 2 CTAs per SM), 64 x 64 up to 64, then 128 x 128 x 2 warpgroups,
+        # 256 x 128 above; split K to fill the SMs
+        b = m_bucket(m)
+        bm, bn, bk, warps, waves = ((16, 128, 128, 4, 2) if b <= 16 else (min(64, b), 64, 128, 4, 2) if b <= 64
+                                    else (128, 128, 128, 8, 1) if b <= 128 else (256, 128, 64, 8, 1))
+        tiles = -(-m // bm) * -(-n // bn)
+        split = min(16, _split(tiles, -(-k // bk), sms, waves, 2 if waves == 2 else 4))
+        return Config("gemm4", bm, bn, bk, split, warps, 4)
     if variant == "gemm2":  # wgmma tiles (64 rows per warpgroup), 8 warps
         bm = 64 if m <= 64 else 128
         bn = 128 if n >= 128 else max(32, 1 << (n - 1).bit_length())

@@ -28,6 +28,8 @@ from .qmm3 import ASM_BF16, ASM_F16, block_k3, skinny3_reasons
 
 #: the TMA load builtin: ``async_copy_global_to_shared`` in Triton 3.6 (the H200's), ``async_load`` from 3.7 on
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+#: the CTA-wide barrier: ``thread_barrier`` in Triton 3.6, ``barrier`` in 3.9
+cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
 @gluon.constexpr_function
@@ -171,7 +173,7 @@ def qmm4_kernel(x_desc, W, S, Z, BIAS, Y, PART, LOCK, M, N, KW, NP, SPLIT_K, str
     mask = (on < N)[:, None] & (om < M)[None, :]
     if SPLIT:
         gl.store(PART + gl.program_id(1) * M * N + om[None, :] * N + on[:, None], out, mask=mask)
-        gl.thread_barrier()  # every thread's partial is written before the counter is released
+        cta_barrier()  # every thread's partial is written before the counter is released
         seen = gl.atomic_add(LOCK + pid, 1, sem="acq_rel", scope="gpu")
         if seen == SPLIT_K - 1:
             _sum_partials(Y, BIAS, PART, on, m0, M, N, SPLIT_K, stride_ym, HAS_BIAS, BLOCK_N, BLOCK_M, NW)
