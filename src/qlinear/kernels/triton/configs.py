@@ -195,10 +195,10 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         split = _split(tiles, -(-k // bk), sms, 1, 4)
         return Config("gemm3", bm, 128, bk, split, 8, 3 if bm == 64 else 4)
     if variant == "gemm4":  # the H200 sweep's winners (results/h200-gemm4_sweep-2026-12-03.md): one warpgroup of
-        # 128 channels x 16 rows up to M=16 (about 2 CTAs per SM), 64 x 64 up to 64, then 128 x 128 x 2 warpgroups,
+        # 128 channels x M rows up to 32 (about 2 CTAs per SM), 64 x 64 up to 64, then 128 x 128 x 2 warpgroups,
         # 256 x 128 above; split K to fill the SMs
         b = m_bucket(m)
-        bm, bn, bk, warps, waves = ((16, 128, 128, 4, 2) if b <= 16 else (min(64, b), 64, 128, 4, 2) if b <= 64
+        bm, bn, bk, warps, waves = ((max(16, b), 128, 128, 4, 2) if b <= 32 else (64, 64, 128, 4, 2) if b <= 64
                                     else (128, 128, 128, 8, 1) if b <= 128 else (256, 128, 64, 8, 1))
         tiles = -(-m // bm) * -(-n // bn)
         split = min(16, _split(tiles, -(-k // bk), sms, waves, 2 if waves == 2 else 4))
@@ -236,6 +236,9 @@ def choose(device: str, sms: int, m: int, n: int, k: int, bits: int, group: int,
             fields["block_m"] = min(4, m_bucket(m))
         if variant == "gemv_tc" and not exact:
             fields["block_m"] = 16 if m > 8 else 8
+        if variant == "gemm4" and not exact and entry["block_m"] != heuristic(variant, sms, m, n, k, bits,
+                                                                                group).block_m:
+            return heuristic(variant, sms, m, n, k, bits, group)  # another bucket's M tile: re-tiles the weight
         return Config(variant, **fields)
     return heuristic(variant, sms, m, n, k, bits, group)
 
