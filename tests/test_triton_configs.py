@@ -81,12 +81,11 @@ def test_shipped_table_runs_the_fastest_timed_variant_at_mid_m() -> None:
         if "us" in entry:
             timed.setdefault(key.split(":", 1)[1], {})[key.split(":")[0]] = entry["us"]
     mid = [rest for rest, by in timed.items() if "gemm4" in by]
-    assert len(mid) >= 16
+    assert len([rest for rest in mid if len(timed[rest]) >= 2]) >= 16
     for rest in mid:
         f = dict(part.split("=") for part in rest.split(":"))
         m, n, k = int(f["m"]), int(f["n"]), int(f["k"])
-        want = min(timed[rest], key=timed[rest].__getitem__)
-        assert len(timed[rest]) >= 2, rest
+        want = min(timed[rest], key=timed[rest].__getitem__)  # one timed variant: the crossovers give gemm4
         assert configs.choose("NVIDIA H200", 132, m, n, k, 4, 128).variant == want, rest
     assert configs.choose("NVIDIA H200", 132, 100, 3072, 3072, 4, 128).variant == "gemm4"
     assert configs.choose("NVIDIA H200", 132, 12, 3072, 3072, 4, 128).variant == "gemm4"
