@@ -16,8 +16,6 @@ import re
 import pytest
 import torch
 
-gluon = pytest.importorskip("triton.experimental.gluon")
-
 #: an HGMMA reads its A fragment from 4 registers starting at its second operand when that is a register
 HGMMA_A = re.compile(r"HGMMA\.\S+\s+R\d+,\s+R(\d+),")
 INSTR = re.compile(r"^[^\t]*\t\s*(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0-9_.]*)\s*(.*?);")
@@ -120,6 +118,9 @@ def test_scanner_finds_a_planted_register_hazard() -> None:
 
 
 def _compile(block_m: int, block_n: int, block_k: int, warps: int, split: bool, has_z: bool) -> object:
+    # Triton is imported here, not at collection: the interpreter modules set TRITON_INTERPRET when they are
+    # collected, and a Triton imported before that decorates its own helpers for the compiler, not the interpreter
+    pytest.importorskip("triton.experimental.gluon")
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
