@@ -96,6 +96,7 @@ def forced(variant: str, bits: int) -> tuple[Config, int]:
         "skinny3": (Config("skinny3", 16, 32, 32, 3, 4, 1), 7),
         "gemm2": (Config("gemm2", 32, 32, 64, 3, 4, 1), 37),
         "gemm3": (Config("gemm3", 16, 32, 32, 3, 4, 1), 37),
+        "gemm4": (Config("gemm4", 16, 64, 64, 3, 4, 2), 37),  # Gluon: no interpreter, so it must refuse
         "dense": (Config("dense", 1, 32, 8 * pf, 1, 4, 1), 9),
         # one 32-column strip walked by 2 warps in turn, two 8-row sets, next step prefetched
         "gemv_tc": (Config("gemv_tc", 16, 32, 128, 3, 2, 1, prefetch=True), 13),
@@ -110,6 +111,11 @@ def test_gptq_variant_matches_oracle(case: tuple, variant: str) -> None:
     cfg, m = forced(variant, case[1])
     dtype = case[8]
     x = torch.randn(m, case[6], generator=torch.Generator().manual_seed(m)).to(dtype)
+    if variant == "gemm4":  # no CUDA device here: the Gluon kernel names why it cannot run (numerics: the H200)
+        reason = f"{case[1]}-bit words" if case[1] != 4 else "no CUDA device"
+        with pytest.raises(ValueError, match=f"gemm4 cannot run this call: .*{reason}"):
+            layer.matmul(x, config=cfg)
+        return
     if (variant in ("skinny3", "gemm3") and case[1] != 4) or (variant == "gemv_tc" and case[1] == 8):
         with pytest.raises(ValueError, match=f"{variant} cannot run this call: {case[1]}-bit words"):
             layer.matmul(x, config=cfg)
@@ -248,6 +254,27 @@ def test_gemm3_declares_what_it_cannot_run() -> None:
     assert skinny3_reasons(eight.packed(), 64, torch.float16, "gemm3") == ["8-bit words (gemm3 pairs 4-bit codes)"]
 
 
+def test_gemm4_declares_what_it_cannot_run() -> None:
+    """gemm4 (Gluon: wgmma + TMA) runs 4-bit weights in 8-row field blocks on sm_90 only, and says which part
+    of a call is out of reach; the layer then takes the next variant by M."""
+    from qlinear.kernels.triton.qmm4 import gemm4_reasons
+
+    four, _, _ = gptq_layer(GPTQ[0])
+    eight, _, _ = gptq_layer(GPTQ[6])
+    p = four.packed()
+    assert p.rows_per_block == 8
+    assert gemm4_reasons(p, 100, torch.bfloat16, (9, 0)) == []
+    assert gemm4_reasons(p, 100, torch.float16, (8, 0)) == ["compute capability 8.0 (Gluon wgmma + TMA: sm_90 only)"]
+    assert gemm4_reasons(p, 100, torch.float16, None) == ["no CUDA device (Gluon wgmma + TMA: sm_90 only)"]
+    assert "8-bit words" in gemm4_reasons(eight.packed(), 100, torch.float16, (9, 0))[0]
+    narrow = replace(p, rows_per_block=4)
+    assert any("field blocks of 4 word rows" in r for r in gemm4_reasons(narrow, 100, torch.float16, (9, 0)))
+    odd = replace(p, k=p.k - 3)
+    assert gemm4_reasons(odd, 100, torch.float16, (9, 0)) == [
+        f"K = {p.k - 3} (TMA needs 16-byte activation rows: K % 8 == 0)"]
+    assert four.config_for(100, torch.device("cpu")).variant == "gemm3"  # the interpreter cannot run gemm4
+
+
 @pytest.mark.parametrize("m", [1, 4, 16, 40, 1100])
 def test_forward_picks_a_variant_per_m(m: int) -> None:
     layer, w64, b64 = gptq_layer(GPTQ[1])
@@ -276,7 +303,7 @@ def test_irregular_groups_are_padded() -> None:
     x = torch.randn(5, k, dtype=torch.float16)
     for variant in VARIANTS:
         cfg, _ = forced(variant, bits)
-        if variant in ("skinny3", "gemm3", "gemv_tc"):  # groups padded to 40 rows: no 2-row field blocks inside a group
+        if variant in ("skinny3", "gemm3", "gemv_tc", "gemm4"):  # groups padded to 40 rows: no 2-row field blocks
             with pytest.raises(ValueError, match="field blocks of 1 word rows"):
                 layer.matmul(x, config=cfg)
             continue
@@ -297,6 +324,10 @@ def test_awq_gemm_matches_oracle(group: int, sym: bool, dtype: torch.dtype) -> N
     for variant in VARIANTS:
         cfg, m = forced(variant, 4)
         x = torch.randn(m, k).to(dtype)
+        if variant == "gemm4":
+            with pytest.raises(ValueError, match="gemm4 cannot run this call: .*no CUDA device"):
+                layer.matmul(x, config=cfg)
+            continue
         assert rel_err(layer.matmul(x, config=cfg), x.double().numpy() @ w64.T) < TOL[dtype]
 
 
