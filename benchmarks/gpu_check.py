@@ -34,7 +34,7 @@ M_VARIANT = ((1, "auto"), (4, "auto"), (1, "gemv_tc"), (5, "gemv_tc"), (8, "gemv
              (1, "gemv"), (2, "gemv"), (3, "gemv"), (6, "gemv"),
              (16, "skinny"), (5, "skinny2"), (16, "skinny2"), (1, "skinny3"), (5, "skinny3"),
              (16, "skinny3"), (33, "gemm"), (128, "gemm"), (33, "gemm2"), (128, "gemm2"), (33, "gemm3"),
-             (200, "gemm3"), (16, "gemm4"), (33, "gemm4"), (200, "gemm4"), (1024, "dense"))
+             (200, "gemm3"), (16, "gemm4"), (33, "gemm4"), (200, "gemm4"), (600, "gemm4"), (1024, "dense"))
 
 
 def random_affine(n: int, k: int, bits: int, group: int, sym: bool, desc: bool, gen: torch.Generator) -> AffineWeight:
