@@ -69,8 +69,8 @@ def check_layer(layer: TritonV2Linear, q: AffineWeight, bias: torch.Tensor | Non
     dev = layer._rt_qweight.device
     w64 = reference(q, dev)
     out = []
+    from qlinear.kernels.triton.gemm4_limits import gemm4_reasons
     from qlinear.kernels.triton.qmm3 import skinny3_reasons
-    from qlinear.kernels.triton.qmm4 import gemm4_reasons
     from qlinear.kernels.triton.qmv_tc import capability, tc_reasons
 
     for m, variant in M_VARIANT:

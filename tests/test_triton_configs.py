@@ -72,9 +72,9 @@ def test_a_shape_timed_for_several_variants_takes_the_fastest(monkeypatch: pytes
 
 def test_shipped_table_runs_the_fastest_timed_variant_at_mid_m() -> None:
     """The H200 table times variants side by side per key (one run per key: gemm4 against the shipped gemm3 /
-    gemv_tc / skinny2 at M = 16..256 on four shapes): every such key picks its fastest. A 4-bit call whose table
-    has no timing falls to the crossovers, which put gemm4 ahead of gemm3 ahead of gemm2; excluding the ones a
-    layer cannot run gives the next."""
+    gemv_tc / skinny2 / dense at M = 16..2048 on four shapes): every such key picks its fastest. A 4-bit call
+    whose table has no timing falls to the crossovers, which put gemm4 ahead of gemm3 ahead of gemm2; excluding
+    the ones a layer cannot run gives the next."""
     table = configs._tables()["NVIDIA H200"]["configs"]
     timed: dict[str, dict[str, float]] = {}
     for key, entry in table.items():
@@ -95,7 +95,9 @@ def test_shipped_table_runs_the_fastest_timed_variant_at_mid_m() -> None:
     assert configs.choose("NVIDIA H200", 132, 100, 3072, 3072, 4, 128,
                           exclude=("gemm4", "gemm3")).variant == "gemm2"
     assert configs.choose("NVIDIA H200", 132, 100, 3072, 3072, 8, 128).variant == "gemm2"  # 8-bit crossovers
-    assert configs.choose("NVIDIA H200", 132, 600, 3072, 3072, 4, 128).variant == "dense"
+    assert configs.choose("NVIDIA H200", 132, 600, 3072, 3072, 4, 128).variant == "gemm4"  # 4-bit: M <= 2048
+    assert configs.choose("NVIDIA H200", 132, 600, 3072, 3072, 4, 128, exclude=("gemm4",)).variant == "dense"
+    assert configs.choose("NVIDIA H200", 132, 3000, 3072, 3072, 4, 128).variant == "dense"
 
 
 def test_explain_choice_names_the_variant_config_and_evidence() -> None:

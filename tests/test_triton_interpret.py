@@ -257,7 +257,7 @@ def test_gemm3_declares_what_it_cannot_run() -> None:
 def test_gemm4_declares_what_it_cannot_run() -> None:
     """gemm4 (Gluon: wgmma + TMA) runs 4-bit weights in 8-row field blocks on sm_90 only, and says which part
     of a call is out of reach; the layer then takes the next variant by M."""
-    from qlinear.kernels.triton.qmm4 import gemm4_reasons
+    from qlinear.kernels.triton.gemm4_limits import gemm4_reasons
 
     four, _, _ = gptq_layer(GPTQ[0])
     eight, _, _ = gptq_layer(GPTQ[6])
@@ -273,6 +273,22 @@ def test_gemm4_declares_what_it_cannot_run() -> None:
     assert gemm4_reasons(odd, 100, torch.float16, (9, 0)) == [
         f"K = {p.k - 3} (TMA needs 16-byte activation rows: K % 8 == 0)"]
     assert four.config_for(100, torch.device("cpu")).variant == "gemm3"  # the interpreter cannot run gemm4
+
+
+def test_gemm4_needs_a_triton_with_gluon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older Triton (the extra allows 3.4) makes gemm4 a reason, not an import error in the layer."""
+    import triton
+
+    from qlinear.kernels.triton import gemm4_limits
+
+    four, _, _ = gptq_layer(GPTQ[0])
+    gemm4_limits.gluon_missing.cache_clear()
+    monkeypatch.setattr(triton, "__version__", "3.5.1")
+    try:
+        assert gemm4_limits.gemm4_reasons(four.packed(), 100, torch.float16, (9, 0)) == [
+            "triton 3.5.1 (Gluon kernels need 3.6+)"]
+    finally:
+        gemm4_limits.gluon_missing.cache_clear()
 
 
 @pytest.mark.parametrize("m", [1, 4, 16, 40, 1100])

@@ -167,8 +167,8 @@ class TritonQuantMixin:
     # ------------------------------------------------------------------ forward
     def unfit_variants(self, m: int, device: torch.device) -> dict[str, str]:
         """The variants M alone could give this call that this layer, dtype or device cannot run, with why."""
+        from .triton.gemm4_limits import gemm4_reasons
         from .triton.qmm3 import skinny3_reasons
-        from .triton.qmm4 import gemm4_reasons
         from .triton.qmv_tc import capability
 
         p, cap = self.packed(), capability(device)

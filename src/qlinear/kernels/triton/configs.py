@@ -18,8 +18,8 @@ A config is chosen per call from the flattened row count M. Variants, each with 
 * ``gemm3``  the same kernel tiled over M (up to 256 rows a tile): 4-bit mid-M, ahead of ``gemm2`` where it
   can run (4-bit, field blocks of 2+ word rows, no additive offsets).
 * ``gemm4``  gemm3's product in Gluon (``qmm4.py``), sm_90 only: the next step's dequantization overlaps this
-  step's wgmma (two A register sets, explicit waits), activations by TMA. Serves M = 9..256 ahead of
-  ``skinny2``/``gemm3``/``gemm2``, which take the calls it cannot run.
+  step's wgmma (two A register sets, explicit waits), activations by TMA. Serves 4-bit M = 9..2048 ahead of
+  ``skinny2``/``gemm3``/``gemm2``/``dense``, which take the calls it cannot run.
 * ``dense``  dequantize into a transient dense weight and call cuBLAS (large M).
 
 The table (``tuned_<device>.json``) is keyed by device name, then ``variant:m=<bucket>:n=:k=:b=:g=``;
@@ -38,7 +38,7 @@ VARIANTS = ("gemv_tc", "gemv", "skinny3", "skinny", "gemm4", "skinny2", "gemm", 
 #: group length the kernels use for "one group spans K" (any block is inside group 0)
 CHANNELWISE = 1 << 30
 #: default crossovers (largest M bucket served), used when the table has none for a device/bits
-DEFAULT_CROSSOVERS = {"gemv_tc": 8, "gemv": 1, "gemm4": 256, "skinny2": 16, "gemm3": 256, "gemm2": 256}
+DEFAULT_CROSSOVERS = {"gemv_tc": 8, "gemv": 1, "gemm4": 2048, "skinny2": 16, "gemm3": 256, "gemm2": 256}
 #: Shared memory a pipelined tile config may take by the A+B estimate (bytes). The compiler takes up
 #: to ~1.45x the estimate (layout buffers), so this keeps under sm_90's 227 KiB opt-in limit; a
 #: 2-bit config asked 258048 B on the H200 before this clamp.

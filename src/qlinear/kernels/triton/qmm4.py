@@ -23,10 +23,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .configs import Config
+from .gemm4_limits import gemm4_reasons
 from .layout import Packed
-from .qmm3 import ASM_BF16, ASM_F16, block_k3, skinny3_reasons
+from .qmm3 import ASM_BF16, ASM_F16, block_k3
 
-#: the TMA load builtin: ``async_copy_global_to_shared`` in Triton 3.6 (the H200's), ``async_load`` from 3.7 on
+#: the TMA load builtin: ``async_copy_global_to_shared`` in Triton 3.6 (the H200's), ``async_load`` in 3.9 (CI's)
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 #: the CTA-wide barrier: ``thread_barrier`` in Triton 3.6, ``barrier`` in 3.9
 cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -208,19 +209,6 @@ def _store_out(Y, BIAS, out, on, om, N, mask, stride_ym, HAS_BIAS: gl.constexpr)
     if HAS_BIAS:
         out += gl.load(BIAS + on, mask=on < N, other=0.0).to(gl.float32)[:, None]
     gl.store(Y + om[None, :] * stride_ym + on[:, None], out.to(Y.dtype.element_ty), mask=mask)
-
-
-def gemm4_reasons(p: Packed, m: int, dtype: torch.dtype, capability: tuple[int, int] | None) -> list[str]:
-    """Why ``gemm4`` cannot run this call ([] when it can); ``capability`` None: no CUDA device."""
-    out = [r for r in skinny3_reasons(p, m, dtype, "gemm4", capability) if not r.startswith("compute")]
-    if capability is None or capability[0] != 9:
-        found = "no CUDA device" if capability is None else f"compute capability {capability[0]}.{capability[1]}"
-        out.append(f"{found} (Gluon wgmma + TMA: sm_90 only)")
-    if p.rows_per_block != 8:
-        out.append(f"field blocks of {p.rows_per_block} word rows (the A-fragment layout needs 8: group % 64)")
-    if (p.kp if p.perm is not None else p.k) % 8:
-        out.append(f"K = {p.k} (TMA needs 16-byte activation rows: K % 8 == 0)")
-    return out
 
 
 def qmm4(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lock: torch.Tensor | None,
