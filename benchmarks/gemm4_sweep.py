@@ -21,15 +21,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gemm3_sweep import FIELDS as FIELDS3
-from gemm3_sweep import checked, splits
+from gemm3_sweep import FIELDS, checked, splits
 from gpu_linear import DEV, config, copies, gptq_qweight, our_weight, timed
 from gpu_peers import PEERS
 from qlinear.kernels.triton import configs
 from qlinear.kernels.triton.configs import Config
 from qlinear.kernels.triton.dequant import dense_t
-
-FIELDS = (*FIELDS3, "code_ahead")
 
 
 def tiles_for(m: int, quick: bool) -> list[tuple[int, int, int, int, int]]:
@@ -54,7 +51,6 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--peers", action="store_true", help="time bf16, Marlin and Machete beside")
     ap.add_argument("--quick", action="store_true", help="two (block_k, stages) pairs instead of four")
-    ap.add_argument("--ahead", default="2", help="code_ahead values to time (K steps of codes loaded ahead)")
     ap.add_argument("--splits", default="", help="split-K factors to time (default: ones that fill the SMs)")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds after which no new shape starts")
     ap.add_argument("--json", help="write the best gemm4 config per key (table entries, with us) here")
@@ -101,11 +97,10 @@ def main() -> int:
             rows = []
             for bm, bn, bk, wp, st in tiles_for(m, args.quick):
                 for s in [int(v) for v in args.splits.split(",")] if args.splits else splits(m, n, k, bm, bn, bk):
-                    for ahead in (int(v) for v in args.ahead.split(",")):
-                        c = configs.legal(Config("gemm4", bm, bn, bk, s, wp, st, code_ahead=ahead), m, p.kp, 4)
-                        us = checked(p, r, c, x, ref, args.reps)
-                        if us is not None:
-                            rows.append((us, c))
+                    c = configs.legal(Config("gemm4", bm, bn, bk, s, wp, st), m, p.kp, 4)
+                    us = checked(p, r, c, x, ref, args.reps)
+                    if us is not None:
+                        rows.append((us, c))
             rows.sort(key=lambda row: row[0])
             if not rows:  # every config failed: the kernel, not a config, is wrong; stop spending device time
                 print(f"| {k}x{n} | {m} | no gemm4 config ran |")
@@ -113,7 +108,7 @@ def main() -> int:
             best, bc = rows[0]
             peer = min((v for kk, v in t_peer.items() if kk != "bf16" and v), default=None)
             top = ", ".join(f"{us:.1f} {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} st{c.num_stages} "
-                            f"s{c.split_k} a{c.code_ahead}" for us, c in rows[:4])
+                            f"s{c.split_k}" for us, c in rows[:4])
             f = "{:.1f}".format
             print(f"| {k}x{n} | {m} | {f(t_peer['bf16']) if t_peer.get('bf16') else '-'} | "
                   f"{f(t_peer['marlin']) if t_peer.get('marlin') else '-'} | "
@@ -124,7 +119,7 @@ def main() -> int:
                 f2: getattr(bc, f2) for f2 in FIELDS} | {"us": round(best, 2)}
             if t_ship and base.variant != "gemm4":  # the shipped config beside gemm4's best (not over it)
                 found[configs.table_key(base.variant, m, n, k, 4, p.group)] = {
-                    f2: getattr(base, f2) for f2 in FIELDS3} | {"us": round(t_ship, 2)}
+                    f2: getattr(base, f2) for f2 in FIELDS} | {"us": round(t_ship, 2)}
         del p, w, peers
         torch.cuda.empty_cache()
     if args.json:

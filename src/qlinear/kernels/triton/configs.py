@@ -63,7 +63,6 @@ class Config:
     stage_x: bool = False  # gemv_tc: x loaded coalesced and dealt to the lanes through shared memory
     sum_values: int = 4  # gemv_tc: partial sums per thread per split the split-K epilogue holds at once
     vector_params: bool = False  # gemv_tc: a group's parameters loaded once per lane (4 columns) for both tiles
-    code_ahead: int = 2  # gemm4: K steps of codes loaded ahead into registers (2..4: bytes in flight vs registers)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -92,29 +92,18 @@ def _fresh(a):
 
 
 @gluon.jit
-def _step(acc, w0, s0, z0, w1, s1, z1, w2, s2, z2, w3, s3, z3, i, W, S, Z, kb0, kb1, offs_n, offs_w, nmask, KW, NP,
-          m0, steps2, x_desc, xs, bars, GS: gl.constexpr, ZC: gl.constexpr, HAS_Z: gl.constexpr,
-          BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-          a_layout: gl.constexpr):
+def _step(acc, w0, s0, z0, w1, s1, z1, i, W, S, Z, kb0, kb1, offs_n, offs_w, nmask, KW, NP, m0, steps2, x_desc, xs,
+          bars, GS: gl.constexpr, ZC: gl.constexpr, HAS_Z: gl.constexpr, BLOCK_N: gl.constexpr,
+          BLOCK_K: gl.constexpr, STAGES: gl.constexpr, a_layout: gl.constexpr):
     """Step ``i``: dequantize (while wgmma ``i - 1`` runs), issue wgmma ``i``, wait for ``i - 1``, refill the
-    x slot it read, and load the codes of step ``i + AHEAD`` (sets ``w0..w{AHEAD-1}`` are steps ``i..``).
+    x slot it read, and load the words of step ``i + 2``.
 
     The loop runs two of these an iteration, so the two steps' A operands are different PTX registers: ptxas
     keeps a wgmma's A registers until the ``wait_group`` that retires it, but one register set per loop body
     would be rewritten by the next iteration while its wgmma is still in flight."""
     a = _fresh(_dequant(w0, s0, z0, ZC, HAS_Z, BLOCK_N, BLOCK_K, a_layout, x_desc.dtype))
-    nxt_w, nxt_s, nxt_z = _load_step(W, S, Z, kb0 + i + AHEAD, kb1, offs_n, offs_w, nmask, KW, NP, GS, HAS_Z,
-                                     BLOCK_K)
     w0, s0, z0 = w1, s1, z1
-    if AHEAD == 2:
-        w1, s1, z1 = nxt_w, nxt_s, nxt_z
-    elif AHEAD == 3:
-        w1, s1, z1 = w2, s2, z2
-        w2, s2, z2 = nxt_w, nxt_s, nxt_z
-    else:
-        w1, s1, z1 = w2, s2, z2
-        w2, s2, z2 = w3, s3, z3
-        w3, s3, z3 = nxt_w, nxt_s, nxt_z
+    w1, s1, z1 = _load_step(W, S, Z, kb0 + i + 2, kb1, offs_n, offs_w, nmask, KW, NP, GS, HAS_Z, BLOCK_K)
     slot = i % STAGES
     mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
     acc = warpgroup_mma(a, xs.index(slot).permute((1, 0)), acc, is_async=True)
@@ -123,14 +112,13 @@ def _step(acc, w0, s0, z0, w1, s1, z1, w2, s2, z2, w3, s3, z3, i, W, S, Z, kb0, 
     mbarrier.expect(bars.index(nxt % STAGES), x_desc.block_type.nbytes, pred=nxt < steps2)
     tma_load(x_desc, [m0, (kb0 + nxt) * BLOCK_K], bars.index(nxt % STAGES), xs.index(nxt % STAGES),
              pred=nxt < steps2)
-    return acc, w0, s0, z0, w1, s1, z1, w2, s2, z2, w3, s3, z3
+    return acc, w0, s0, z0, w1, s1, z1
 
 
 @gluon.jit
 def qmm4_kernel(x_desc, W, S, Z, BIAS, Y, PART, LOCK, M, N, KW, NP, SPLIT_K, stride_ym, GS: gl.constexpr,
                 ZC: gl.constexpr, HAS_Z: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
-                BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr,
-                AHEAD: gl.constexpr = 2):
+                BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr):
     """Grid ``(M tiles x N tiles, SPLIT_K)``, M tiles fastest; x (sorted order) comes through ``x_desc`` in
     ``[BM, BK]`` tiles, zero past its edges. With ``SPLIT`` each K range writes its float32 partial to
     ``PART [SPLIT_K, M, N]`` and the last to finish (counter ``LOCK[tile]``, reset by it) sums them in split
@@ -167,19 +155,14 @@ def qmm4_kernel(x_desc, W, S, Z, BIAS, Y, PART, LOCK, M, N, KW, NP, SPLIT_K, str
 
     w0, s0, z0 = _load_step(W, S, Z, kb0, kb1, offs_n, offs_w, nmask, KW, NP, GS, HAS_Z, BLOCK_K)
     w1, s1, z1 = _load_step(W, S, Z, kb0 + 1, kb1, offs_n, offs_w, nmask, KW, NP, GS, HAS_Z, BLOCK_K)
-    w2, s2, z2 = w1, s1, z1  # sets past AHEAD are never read (the compiler drops them)
-    w3, s3, z3 = w1, s1, z1
-    if AHEAD >= 3:
-        w2, s2, z2 = _load_step(W, S, Z, kb0 + 2, kb1, offs_n, offs_w, nmask, KW, NP, GS, HAS_Z, BLOCK_K)
-    if AHEAD >= 4:
-        w3, s3, z3 = _load_step(W, S, Z, kb0 + 3, kb1, offs_n, offs_w, nmask, KW, NP, GS, HAS_Z, BLOCK_K)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
     for i in range(0, steps2, 2):  # two steps an iteration: each reads its own A registers (see _step)
-        for j in gl.static_range(2):
-            acc, w0, s0, z0, w1, s1, z1, w2, s2, z2, w3, s3, z3 = _step(
-                acc, w0, s0, z0, w1, s1, z1, w2, s2, z2, w3, s3, z3, i + j, W, S, Z, kb0, kb1, offs_n, offs_w,
-                nmask, KW, NP, m0, steps2, x_desc, xs, bars, GS, ZC, HAS_Z, BLOCK_N, BLOCK_K, STAGES, AHEAD,
-                a_layout)
+        acc, w0, s0, z0, w1, s1, z1 = _step(acc, w0, s0, z0, w1, s1, z1, i, W, S, Z, kb0, kb1, offs_n, offs_w,
+                                            nmask, KW, NP, m0, steps2, x_desc, xs, bars, GS, ZC, HAS_Z, BLOCK_N,
+                                            BLOCK_K, STAGES, a_layout)
+        acc, w0, s0, z0, w1, s1, z1 = _step(acc, w0, s0, z0, w1, s1, z1, i + 1, W, S, Z, kb0, kb1, offs_n,
+                                            offs_w, nmask, KW, NP, m0, steps2, x_desc, xs, bars, GS, ZC, HAS_Z,
+                                            BLOCK_N, BLOCK_K, STAGES, a_layout)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
@@ -237,8 +220,6 @@ def qmm4(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lo
     from .qmv_tc import capability
 
     m = x2.shape[0]
-    if cfg.code_ahead not in (2, 3, 4):
-        raise ValueError(f"gemm4: code_ahead must be 2, 3 or 4 K steps, got {cfg.code_ahead}")
     why = gemm4_reasons(p, m, x2.dtype, capability(x2.device))
     if why:
         raise ValueError("gemm4 cannot run this call: " + "; ".join(why))
@@ -261,6 +242,5 @@ def qmm4(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lo
         bias if bias is not None else y, y, part, lock if lock is not None else p.qweight,
         m, p.n, p.kw, p.np, split, y.stride(0),
         GS=p.group, ZC=p.zero_const, HAS_Z=p.zeros is not None, HAS_BIAS=bias is not None,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=cfg.num_stages, SPLIT=split > 1, AHEAD=cfg.code_ahead,
-        num_warps=cfg.num_warps)
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=cfg.num_stages, SPLIT=split > 1, num_warps=cfg.num_warps)
     return y
