@@ -3,10 +3,12 @@
 gemm3 (``qmm3.py``) dequantizes a 4-bit tile into registers and hands it to wgmma as the A operand; Triton 3.6
 then waits for every wgmma of the step before the next dequantization starts (it must: it would otherwise
 overwrite A registers still being read, triton-lang/triton#9433), so the tensor cores idle while the ALUs
-work. Gluon states the pipeline explicitly: two A register sets, the step's wgmma issued asynchronously,
-``warpgroup_mma_wait(1, deps=[previous A])`` keeping the previous set alive exactly until its wgmma is done.
-Activations arrive by TMA into a ring of ``STAGES`` shared-memory tiles; packed codes and scales are loaded
-straight into the registers that need them, two steps ahead.
+work. Gluon states the pipeline explicitly: each step's wgmma is issued asynchronously and only the previous
+step's is waited for (``warpgroup_mma_wait(1)``), so the next dequantization runs beside it. The loop body holds
+two steps, so the two A operands are distinct register sets, each kept by ptxas until the wait that retires its
+wgmma (one step per body raced on the H200: its single register set was rewritten in flight; the wait's ``deps``
+do not prevent that). Activations arrive by TMA into a ring of ``STAGES`` shared-memory tiles; packed codes and
+scales are loaded straight into the registers that need them, two steps ahead.
 
 The register layout of the codes is the wgmma A fragment itself: thread ``(warp w, lane l)`` holds output
 channels ``16 w + l / 4`` and ``+ 8`` and word rows ``2 (l % 4)``, ``+ 1`` of each 8-row field block, which
@@ -85,13 +87,6 @@ def _dequant(w, s, z, ZC: gl.constexpr, HAS_Z: gl.constexpr, BLOCK_N: gl.constex
 
 
 @gluon.jit
-def _fresh(a):
-    """``a`` through an opaque ``mov``: the wgmma reads registers nothing else defines (the pattern of
-    triton-lang/triton#9514, which ptxas keeps reserved until the ``wgmma.wait_group`` that retires it)."""
-    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [a], dtype=a.dtype, is_pure=True, pack=2)
-
-
-@gluon.jit
 def _step(acc, w0, s0, z0, w1, s1, z1, i, W, S, Z, kb0, kb1, offs_n, offs_w, nmask, KW, NP, m0, steps2, x_desc, xs,
           bars, GS: gl.constexpr, ZC: gl.constexpr, HAS_Z: gl.constexpr, BLOCK_N: gl.constexpr,
           BLOCK_K: gl.constexpr, STAGES: gl.constexpr, a_layout: gl.constexpr):
@@ -101,7 +96,7 @@ def _step(acc, w0, s0, z0, w1, s1, z1, i, W, S, Z, kb0, kb1, offs_n, offs_w, nma
     The loop runs two of these an iteration, so the two steps' A operands are different PTX registers: ptxas
     keeps a wgmma's A registers until the ``wait_group`` that retires it, but one register set per loop body
     would be rewritten by the next iteration while its wgmma is still in flight."""
-    a = _fresh(_dequant(w0, s0, z0, ZC, HAS_Z, BLOCK_N, BLOCK_K, a_layout, x_desc.dtype))
+    a = _dequant(w0, s0, z0, ZC, HAS_Z, BLOCK_N, BLOCK_K, a_layout, x_desc.dtype)
     w0, s0, z0 = w1, s1, z1
     w1, s1, z1 = _load_step(W, S, Z, kb0 + i + 2, kb1, offs_n, offs_w, nmask, KW, NP, GS, HAS_Z, BLOCK_K)
     slot = i % STAGES
