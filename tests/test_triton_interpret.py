@@ -275,6 +275,22 @@ def test_gemm4_declares_what_it_cannot_run() -> None:
     assert four.config_for(100, torch.device("cpu")).variant == "gemm3"  # the interpreter cannot run gemm4
 
 
+def test_gemm4_names_the_tiles_its_layouts_cannot_take() -> None:
+    """A forced config outside the A-fragment layout (channels per warp, wgmma's N, whole field blocks) is a
+    clear error before anything compiles."""
+    from qlinear.kernels.triton.qmm4 import tile_errors
+
+    assert tile_errors(Config("gemm4", 128, 128, 128, 1, 8, 4), 128) == []
+    assert tile_errors(Config("gemm4", 16, 64, 128, 1, 4, 4), 128) == []
+    assert tile_errors(Config("gemm4", 64, 64, 128, 1, 8, 4), 128) == [
+        "block_n 64 (expected 16, 32 or 64 channels a warp: 128, 256 or 512)"]
+    assert tile_errors(Config("gemm4", 48, 128, 96, 1, 2, 1), 96) == [
+        "num_warps 2 (expected 4 or 8: one or two warpgroups)",
+        "block_m 48 (expected 16..256, a power of two: wgmma's N)",
+        "block_k 96 (expected 64..512 codes, whole 8-row field blocks)",
+        "num_stages 1 (expected 2+: the x ring refills the slot of the step before)"]
+
+
 def test_gemm4_needs_a_triton_with_gluon(monkeypatch: pytest.MonkeyPatch) -> None:
     """An older Triton (the extra allows 3.4) makes gemm4 a reason, not an import error in the layer."""
     import triton

@@ -206,6 +206,23 @@ def _store_out(Y, BIAS, out, on, om, N, mask, stride_ym, HAS_BIAS: gl.constexpr)
     gl.store(Y + om[None, :] * stride_ym + on[:, None], out.to(Y.dtype.element_ty), mask=mask)
 
 
+def tile_errors(cfg: Config, block_k: int) -> list[str]:
+    """What the kernel's layouts cannot take in a config (a forced one; the table and heuristic stay inside)."""
+    out = []
+    if cfg.num_warps not in (4, 8):
+        out.append(f"num_warps {cfg.num_warps} (expected 4 or 8: one or two warpgroups)")
+    elif cfg.block_n not in (16 * cfg.num_warps * r for r in (1, 2, 4)):
+        out.append(f"block_n {cfg.block_n} (expected 16, 32 or 64 channels a warp: "
+                   f"{16 * cfg.num_warps}, {32 * cfg.num_warps} or {64 * cfg.num_warps})")
+    if cfg.block_m not in (16, 32, 64, 128, 256):
+        out.append(f"block_m {cfg.block_m} (expected 16..256, a power of two: wgmma's N)")
+    if block_k % 64 or block_k > 512:
+        out.append(f"block_k {block_k} (expected 64..512 codes, whole 8-row field blocks)")
+    if cfg.num_stages < 2:
+        out.append(f"num_stages {cfg.num_stages} (expected 2+: the x ring refills the slot of the step before)")
+    return out
+
+
 def qmm4(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lock: torch.Tensor | None,
          y: torch.Tensor) -> torch.Tensor:
     """Launch ``qmm4_kernel`` (x gathered to sorted order first when the weight is act-order)."""
@@ -222,9 +239,12 @@ def qmm4(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lo
         x2, kx = gather_cols(x2, p), p.kp
     else:
         kx = p.k
-    if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
-        x2 = x2.contiguous() if x2.stride(0) % 8 == 0 and x2.data_ptr() % 16 == 0 else x2.clone()
+    if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:  # TMA: 16-byte aligned rows
+        x2 = torch.empty(x2.shape, dtype=x2.dtype, device=x2.device).copy_(x2)
     bk = block_k3(p, cfg.block_k)
+    bad = tile_errors(cfg, bk)
+    if bad:
+        raise ValueError("gemm4 config: " + "; ".join(bad))
     bm, bn = cfg.block_m, cfg.block_n
     dt = gl.bfloat16 if x2.dtype == torch.bfloat16 else gl.float16
     layout = gl.NVMMASharedLayout.get_default_for([bm, bk], dt)
