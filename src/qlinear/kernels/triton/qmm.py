@@ -237,6 +237,11 @@ def gather_cols(x2: torch.Tensor, p: Packed) -> torch.Tensor:
     return xp
 
 
+def sorted_input(x2: torch.Tensor, p: Packed) -> tuple[torch.Tensor, int]:
+    """x in sorted-row order and its row length: gathered once for act-order weights, else as it is."""
+    return (gather_cols(x2, p), p.kp) if p.perm is not None else (x2, p.k)
+
+
 def one_group(p: Packed, block_k: int) -> bool:
     """Does every K step of ``block_k`` codes lie inside one group (one scale row per step)?"""
     return block_k <= p.rows_per_block * (32 // p.bits) or p.group % block_k == 0
@@ -321,10 +326,7 @@ def qmm2(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lo
          y: torch.Tensor) -> torch.Tensor:
     """Launch ``qmm2_kernel``: x in sorted order (one gather when act-order, else x itself)."""
     m = x2.shape[0]
-    if p.perm is not None:
-        x2, kx = gather_cols(x2, p), p.kp
-    else:
-        kx = p.k
+    x2, kx = sorted_input(x2, p)
     bk = block_k2(p, cfg.block_k)
     bm = cfg.block_m
     tiles = triton.cdiv(m, bm) * triton.cdiv(p.n, cfg.block_n)

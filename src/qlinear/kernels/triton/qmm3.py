@@ -187,17 +187,14 @@ def skinny3_reasons(p: Packed, m: int, dtype: torch.dtype, variant: str = "skinn
 def qmm3(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lock: torch.Tensor | None,
          y: torch.Tensor, use_asm: bool) -> torch.Tensor:
     """Launch ``qmm3_kernel`` (x gathered to sorted order first when the weight is act-order)."""
-    from .qmm import gather_cols
+    from .qmm import sorted_input
     from .qmv_tc import capability
 
     m = x2.shape[0]
     why = skinny3_reasons(p, m, x2.dtype, cfg.variant, capability(x2.device))
     if why:
         raise ValueError(f"{cfg.variant} cannot run this call: " + "; ".join(why))
-    if p.perm is not None:
-        x2, kx = gather_cols(x2, p), p.kp
-    else:
-        kx = p.k
+    x2, kx = sorted_input(x2, p)
     bk = block_k3(p, cfg.block_k)
     bm = 16 if cfg.variant == "skinny3" else cfg.block_m
     tiles = triton.cdiv(m, bm) * triton.cdiv(p.n, cfg.block_n)

@@ -228,17 +228,14 @@ def qmm4(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lo
     """Launch ``qmm4_kernel`` (x gathered to sorted order first when the weight is act-order)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .qmm import gather_cols
+    from .qmm import sorted_input
     from .qmv_tc import capability
 
     m = x2.shape[0]
     why = gemm4_reasons(p, m, x2.dtype, capability(x2.device))
     if why:
         raise ValueError("gemm4 cannot run this call: " + "; ".join(why))
-    if p.perm is not None:
-        x2, kx = gather_cols(x2, p), p.kp
-    else:
-        kx = p.k
+    x2, kx = sorted_input(x2, p)
     if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:  # TMA: 16-byte aligned rows
         x2 = torch.empty(x2.shape, dtype=x2.dtype, device=x2.device).copy_(x2)
     bk = block_k3(p, cfg.block_k)
