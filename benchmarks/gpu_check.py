@@ -15,6 +15,7 @@ import argparse
 import re
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -34,7 +35,11 @@ M_VARIANT = ((1, "auto"), (4, "auto"), (1, "gemv_tc"), (5, "gemv_tc"), (8, "gemv
              (1, "gemv"), (2, "gemv"), (3, "gemv"), (6, "gemv"),
              (16, "skinny"), (5, "skinny2"), (16, "skinny2"), (1, "skinny3"), (5, "skinny3"),
              (16, "skinny3"), (33, "gemm"), (128, "gemm"), (33, "gemm2"), (128, "gemm2"), (33, "gemm3"),
-             (200, "gemm3"), (16, "gemm4"), (33, "gemm4"), (200, "gemm4"), (600, "gemm4"), (1024, "dense"))
+             (200, "gemm3"), (16, "gemm4"), (33, "gemm4"), (200, "gemm4"), (600, "gemm4"), (33, "gemm4@s7"),
+             (16, "gemm5"), (33, "gemm5"), (200, "gemm5"), (600, "gemm5"), (33, "gemm5@s6"), (33, "gemm5@s7"),
+             (1024, "dense"))
+#: ``variant@sN``: the variant's config with split-K forced to N (on K = 2048, 128-code steps: 16 steps split 6
+#: ways leaves one step (odd) for the last CTA, 7 ways none: the gemm4/gemm5 pair padding and peeled pair)
 
 
 def random_affine(n: int, k: int, bits: int, group: int, sym: bool, desc: bool, gen: torch.Generator) -> AffineWeight:
@@ -73,18 +78,21 @@ def check_layer(layer: TritonV2Linear, q: AffineWeight, bias: torch.Tensor | Non
     from qlinear.kernels.triton.qmm3 import skinny3_reasons
     from qlinear.kernels.triton.qmv_tc import capability, tc_reasons
 
-    for m, variant in M_VARIANT:
+    for m, name in M_VARIANT:
+        variant, _, forced = name.partition("@s")
         if variants and variant not in variants:
             continue
         if variant in ("skinny3", "gemm3") and skinny3_reasons(layer.packed(), m, dtype, variant):
             continue  # not declared for this layer (4-bit, 2+ word rows per field block): nothing to check
-        if variant == "gemm4" and gemm4_reasons(layer.packed(), m, dtype, capability(dev)):
+        if variant in ("gemm4", "gemm5") and gemm4_reasons(layer.packed(), m, dtype, capability(dev), variant):
             continue  # 4-bit, field blocks of 8 word rows, sm_90
         if variant == "gemv_tc" and tc_reasons(layer.packed(), m, dtype):
             continue  # 2/4-bit, field blocks of 2+ word rows
         x = torch.randn(m, q.in_features, generator=gen).to(dev, dtype)
         ref = x.double() @ w64.t() + (bias.double().to(dev) if bias is not None else 0)
         cfg = layer.config_for(m, dev, None if variant == "auto" else variant)
+        if forced:
+            cfg = replace(cfg, split_k=int(forced))
         if variant in ("dense", "auto"):  # auto: the layer's own choice by M (the shipped table)
             y1 = layer.matmul(x, config=cfg)
             y2 = layer.matmul(x, config=cfg)

@@ -25,9 +25,9 @@ from qlinear.kernels.triton import configs
 from qlinear.kernels.triton.configs import Config
 from qlinear.kernels.triton.dequant import dense_t
 
-FIELDS = ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages")
-#: (block_m, block_n, block_k, warps, stages) tiles worth timing for M rows
-Tiles = Callable[[int], list[tuple[int, int, int, int, int]]]
+FIELDS = ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages", "max_registers")
+#: (block_m, block_n, block_k, warps, stages[, max_registers]) tiles worth timing for M rows
+Tiles = Callable[[int], list[tuple[int, ...]]]
 
 
 def splits(m: int, n: int, k: int, bm: int, bn: int, bk: int) -> list[int]:
@@ -39,6 +39,11 @@ def splits(m: int, n: int, k: int, bm: int, bn: int, bk: int) -> list[int]:
         s = max(1, min(16, steps // 4, round(target / tiles)))
         out.add(s)
     return sorted(out)
+
+
+def entry(c: Config, us: float) -> dict[str, object]:
+    """A table entry: the config's fields (a register cap only when set) and its median time."""
+    return {f: getattr(c, f) for f in FIELDS if f != "max_registers" or c.max_registers} | {"us": round(us, 2)}
 
 
 def checked(p, r: int, c: Config, x: torch.Tensor, ref: torch.Tensor, reps: int) -> float | None:
@@ -114,9 +119,10 @@ def sweep(args: argparse.Namespace, variant: str, tiles: Tiles, shipped: str | N
             base = config(p, m, shipped)
             t_ship = checked(p, r, base, x, ref, args.reps)
             rows = []
-            for bm, bn, bk, wp, st in tiles(m):
+            for bm, bn, bk, wp, st, *regs in tiles(m):
                 for s in [int(v) for v in args.splits.split(",")] if args.splits else splits(m, n, k, bm, bn, bk):
-                    c = configs.legal(Config(variant, bm, bn, bk, s, wp, st), m, p.kp, 4)
+                    c = configs.legal(Config(variant, bm, bn, bk, s, wp, st, max_registers=regs[0] if regs else 0),
+                                      m, p.kp, 4)
                     us = checked(p, r, c, x, ref, args.reps)
                     if us is not None:
                         rows.append((us, c))
@@ -127,18 +133,16 @@ def sweep(args: argparse.Namespace, variant: str, tiles: Tiles, shipped: str | N
             best, bc = rows[0]
             peer = min((v for kk, v in t_peer.items() if kk != "bf16" and v), default=None)
             top = ", ".join(f"{us:.1f} {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} st{c.num_stages} "
-                            f"s{c.split_k}" for us, c in rows[:4])
+                            f"s{c.split_k}{f' r{c.max_registers}' if c.max_registers else ''}" for us, c in rows[:4])
             f = "{:.1f}".format
             print(f"| {k}x{n} | {m} | {f(t_peer['bf16']) if t_peer.get('bf16') else '-'} | "
                   f"{f(t_peer['marlin']) if t_peer.get('marlin') else '-'} | "
                   f"{f(t_peer['machete']) if t_peer.get('machete') else '-'} | "
                   f"{f(t_ship) + ' ' + base.variant if t_ship else '-'} | {best:.1f} | "
                   f"{t_ship / best if t_ship else 0:.2f}x | {peer / best if peer else 0:.2f}x | {top} |", flush=True)
-            found[configs.table_key(variant, m, n, k, 4, p.group)] = {
-                f2: getattr(bc, f2) for f2 in FIELDS} | {"us": round(best, 2)}
+            found[configs.table_key(variant, m, n, k, 4, p.group)] = entry(bc, best)
             if t_ship and base.variant != variant:  # the shipped config beside the best (not over it)
-                found[configs.table_key(base.variant, m, n, k, 4, p.group)] = {
-                    f2: getattr(base, f2) for f2 in FIELDS} | {"us": round(t_ship, 2)}
+                found[configs.table_key(base.variant, m, n, k, 4, p.group)] = entry(base, t_ship)
         del p, w, peers
         torch.cuda.empty_cache()
     if args.json:

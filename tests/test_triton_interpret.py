@@ -97,6 +97,7 @@ def forced(variant: str, bits: int) -> tuple[Config, int]:
         "gemm2": (Config("gemm2", 32, 32, 64, 3, 4, 1), 37),
         "gemm3": (Config("gemm3", 16, 32, 32, 3, 4, 1), 37),
         "gemm4": (Config("gemm4", 16, 64, 64, 3, 4, 2), 37),  # Gluon: no interpreter, so it must refuse
+        "gemm5": (Config("gemm5", 16, 64, 64, 3, 4, 2), 37),
         "dense": (Config("dense", 1, 32, 8 * pf, 1, 4, 1), 9),
         # one 32-column strip walked by 2 warps in turn, two 8-row sets, next step prefetched
         "gemv_tc": (Config("gemv_tc", 16, 32, 128, 3, 2, 1, prefetch=True), 13),
@@ -111,9 +112,9 @@ def test_gptq_variant_matches_oracle(case: tuple, variant: str) -> None:
     cfg, m = forced(variant, case[1])
     dtype = case[8]
     x = torch.randn(m, case[6], generator=torch.Generator().manual_seed(m)).to(dtype)
-    if variant == "gemm4":  # no CUDA device here: the Gluon kernel names why it cannot run (numerics: the H200)
+    if variant in ("gemm4", "gemm5"):  # no CUDA device: a Gluon kernel names why it cannot run (numerics: H200)
         reason = f"{case[1]}-bit words" if case[1] != 4 else "no CUDA device"
-        with pytest.raises(ValueError, match=f"gemm4 cannot run this call: .*{reason}"):
+        with pytest.raises(ValueError, match=f"{variant} cannot run this call: .*{reason}"):
             layer.matmul(x, config=cfg)
         return
     if (variant in ("skinny3", "gemm3") and case[1] != 4) or (variant == "gemv_tc" and case[1] == 8):
@@ -335,7 +336,7 @@ def test_irregular_groups_are_padded() -> None:
     x = torch.randn(5, k, dtype=torch.float16)
     for variant in VARIANTS:
         cfg, _ = forced(variant, bits)
-        if variant in ("skinny3", "gemm3", "gemv_tc", "gemm4"):  # groups padded to 40 rows: no 2-row field blocks
+        if variant in ("skinny3", "gemm3", "gemv_tc", "gemm4", "gemm5"):  # groups padded to 40 rows: 1-row blocks
             with pytest.raises(ValueError, match="field blocks of 1 word rows"):
                 layer.matmul(x, config=cfg)
             continue
@@ -356,8 +357,8 @@ def test_awq_gemm_matches_oracle(group: int, sym: bool, dtype: torch.dtype) -> N
     for variant in VARIANTS:
         cfg, m = forced(variant, 4)
         x = torch.randn(m, k).to(dtype)
-        if variant == "gemm4":
-            with pytest.raises(ValueError, match="gemm4 cannot run this call: .*no CUDA device"):
+        if variant in ("gemm4", "gemm5"):
+            with pytest.raises(ValueError, match=f"{variant} cannot run this call: .*no CUDA device"):
                 layer.matmul(x, config=cfg)
             continue
         assert rel_err(layer.matmul(x, config=cfg), x.double().numpy() @ w64.T) < TOL[dtype]

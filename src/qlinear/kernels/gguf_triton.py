@@ -41,7 +41,7 @@ MAX_DENSE = 1 << 26
 #: GPTQ kernels
 AFFINE_RUNNABLE = frozenset({T.Q4_0, T.Q4_1, T.Q4_K})
 #: GPTQ variants without an additive per-group offset (the affine runtime needs one)
-NO_OFFSETS = ("skinny", "skinny3", "gemm", "gemm4", "gemm3")
+NO_OFFSETS = ("skinny", "skinny3", "gemm", "gemm5", "gemm4", "gemm3")
 AFFINE_BUFFERS = ("_af_qweight", "_af_scales", "_af_offsets", "_af_supers", "_af_perm")
 
 

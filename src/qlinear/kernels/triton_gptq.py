@@ -45,7 +45,7 @@ def device_facts(index: int) -> tuple[str, int]:
 
 
 #: variants with limits of their own (bits, field blocks, dtype, compute capability) beyond the layer's declaration
-FITTED = ("gemv_tc", "skinny3", "gemm4", "gemm3")
+FITTED = ("gemv_tc", "skinny3", "gemm5", "gemm4", "gemm3")
 
 
 def tc_unfit(p: Any, m: int, dtype: torch.dtype, device: torch.device) -> list[str]:
@@ -172,7 +172,8 @@ class TritonQuantMixin:
         from .triton.qmv_tc import capability
 
         p, cap = self.packed(), capability(device)
-        reasons = {"gemv_tc": tc_unfit(p, m, self.dtype, device), "gemm4": gemm4_reasons(p, m, self.dtype, cap)}
+        reasons = {"gemv_tc": tc_unfit(p, m, self.dtype, device)}
+        reasons |= {v: gemm4_reasons(p, m, self.dtype, cap, v) for v in ("gemm5", "gemm4")}
         reasons |= {v: skinny3_reasons(p, m, self.dtype, v, cap) for v in ("skinny3", "gemm3")}
         return {v: "; ".join(why) for v, why in reasons.items() if why}
 

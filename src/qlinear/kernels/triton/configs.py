@@ -20,6 +20,8 @@ A config is chosen per call from the flattened row count M. Variants, each with 
 * ``gemm4``  gemm3's product in Gluon (``qmm4.py``), sm_90 only: the next step's dequantization overlaps this
   step's wgmma (two A register sets, explicit waits), activations by TMA. Serves 4-bit M = 9..2048 ahead of
   ``skinny2``/``gemm3``/``gemm2``/``dense``, which take the calls it cannot run.
+* ``gemm5``  gemm4 with a loader warp (``qmm5.py``, Gluon warp specialisation): x, codes and group rows arrive
+  by TMA into shared-memory slots, the consumer warpgroups only dequantize and issue wgmma. Same limits.
 * ``dense``  dequantize into a transient dense weight and call cuBLAS (large M).
 
 The table (``tuned_<device>.json``) is keyed by device name, then ``variant:m=<bucket>:n=:k=:b=:g=``;
@@ -34,7 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from typing import Any
 
-VARIANTS = ("gemv_tc", "gemv", "skinny3", "skinny", "gemm4", "skinny2", "gemm", "gemm3", "gemm2", "dense")
+VARIANTS = ("gemv_tc", "gemv", "skinny3", "skinny", "gemm5", "gemm4", "skinny2", "gemm", "gemm3", "gemm2", "dense")
 #: group length the kernels use for "one group spans K" (any block is inside group 0)
 CHANNELWISE = 1 << 30
 #: default crossovers (largest M bucket served), used when the table has none for a device/bits
@@ -203,6 +205,8 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         tiles = -(-m // bm) * -(-n // bn)
         split = min(16, _split(tiles, -(-k // bk), sms, waves, 2 if waves == 2 else 4))
         return Config("gemm4", bm, bn, bk, split, warps, 4)
+    if variant == "gemm5":  # gemm4's tiles until measured
+        return replace(heuristic("gemm4", sms, m, n, k, bits, group), variant="gemm5")
     if variant == "gemm2":  # wgmma tiles (64 rows per warpgroup), 8 warps
         bm = 64 if m <= 64 else 128
         bn = 128 if n >= 128 else max(32, 1 << (n - 1).bit_length())
@@ -236,7 +240,7 @@ def choose(device: str, sms: int, m: int, n: int, k: int, bits: int, group: int,
             fields["block_m"] = min(4, m_bucket(m))
         if variant == "gemv_tc" and not exact:
             fields["block_m"] = 16 if m > 8 else 8
-        if variant == "gemm4" and not exact and entry["block_m"] != heuristic(variant, sms, m, n, k, bits,
+        if variant in ("gemm4", "gemm5") and not exact and entry["block_m"] != heuristic(variant, sms, m, n, k, bits,
                                                                                 group).block_m:
             return heuristic(variant, sms, m, n, k, bits, group)  # another bucket's M tile: re-tiles the weight
         return Config(variant, **fields)
@@ -246,7 +250,8 @@ def choose(device: str, sms: int, m: int, n: int, k: int, bits: int, group: int,
 def legal(cfg: Config, m: int, k: int, bits: int) -> Config:
     """Clamp a config to what the kernels accept for this call (powers of two, dot minimums, split range)."""
     pf = 32 // bits
-    bk = max(cfg.block_k, pf, 16 * (cfg.variant in ("skinny", "gemm", "skinny2", "gemm2", "skinny3", "gemm3", "gemm4")))
+    dot = ("skinny", "gemm", "skinny2", "gemm2", "skinny3", "gemm3", "gemm4", "gemm5")
+    bk = max(cfg.block_k, pf, 16 * (cfg.variant in dot))
     if cfg.variant == "gemv_tc":  # warps: block_n / 32 along N, the rest along K (qmv_tc.py)
         wn = max(1, min(cfg.num_warps, cfg.block_n // 32))
         return replace(cfg, block_m=16 if m > 8 and cfg.block_m > 8 else 8, block_n=32 * wn, num_stages=1,
@@ -256,7 +261,8 @@ def legal(cfg: Config, m: int, k: int, bits: int) -> Config:
         cfg = replace(cfg, block_n=128 * cfg.num_warps)
     stages = cfg.num_stages
     if cfg.variant != "gemv":  # keep the pipeline's A and B tiles inside Hopper's 227 KiB of shared memory
-        bn = 0 if cfg.variant == "gemm4" else cfg.block_n  # gemm4's weight tile never enters shared memory
+        # gemm4's weight tile never enters shared memory; gemm5's takes half a byte a code, not two
+        bn = {"gemm4": 0, "gemm5": cfg.block_n // 4}.get(cfg.variant, cfg.block_n)
         while stages > 2 and stages * (bm * bk + bk * bn) * 2 > SMEM_BUDGET:
             stages -= 1
         while bk > max(16, pf) and stages * (bm * bk + bk * bn) * 2 > SMEM_BUDGET:

@@ -1,4 +1,4 @@
-"""What ``gemm4`` (``qmm4.py``, a Gluon kernel) needs, checked without importing Gluon.
+"""What ``gemm4`` and ``gemm5`` (``qmm4.py``, ``qmm5.py``: Gluon kernels) need, checked without importing Gluon.
 
 The layer asks these questions on every call whose M would pick gemm4, on any machine: a Triton without Gluon,
 or with a Gluon older than the one the kernel was written against (3.6; CI compiles it with 3.9), must make the
@@ -34,9 +34,11 @@ def gluon_missing() -> str:
     return ""
 
 
-def gemm4_reasons(p: Packed, m: int, dtype: torch.dtype, capability: tuple[int, int] | None) -> list[str]:
-    """Why ``gemm4`` cannot run this call ([] when it can); ``capability`` None: no CUDA device."""
-    out = [r for r in skinny3_reasons(p, m, dtype, "gemm4", capability) if not r.startswith("compute")]
+def gemm4_reasons(p: Packed, m: int, dtype: torch.dtype, capability: tuple[int, int] | None,
+                  variant: str = "gemm4") -> list[str]:
+    """Why ``gemm4`` (or ``gemm5``: the same product and layouts, loads on a warp of their own) cannot run this
+    call ([] when it can); ``capability`` None: no CUDA device."""
+    out = [r for r in skinny3_reasons(p, m, dtype, variant, capability) if not r.startswith("compute")]
     if capability is None or capability[0] != 9:
         found = "no CUDA device" if capability is None else f"compute capability {capability[0]}.{capability[1]}"
         out.append(f"{found} (Gluon wgmma + TMA: sm_90 only)")

@@ -280,6 +280,10 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
         from .qmm4 import qmm4
 
         return qmm4(x2, p, cfg, bias, lock, y)
+    if cfg.variant == "gemm5":
+        from .qmm5 import qmm5
+
+        return qmm5(x2, p, cfg, bias, lock, y)
     if cfg.variant == "gemv_tc":
         from ..triton_gptq import interpreting
         from .qmv_tc import qmv_tc

@@ -1,0 +1,47 @@
+"""gemm5 (gemm4 with a TMA loader warp, ``triton/qmm5.py``) configs against the layer's shipped choice, bf16
+cuBLAS, Marlin and Machete, side by side in one run (``mid_m_sweep.py``: every config checked first, two calls
+bit-identical).
+
+    python3 benchmarks/gemm5_sweep.py [--shapes 4096x14336,...] [--m 16,64,128,256,1024] [--peers] [--json out]
+
+Tiles: one consumer warpgroup (with or without a 128-register launch cap, which lets two CTAs share an SM) or
+two; 64- or 128-code steps, deeper rings for the shorter steps.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mid_m_sweep import arguments, sweep
+from qlinear.kernels.triton import configs
+
+#: (block_n, consumer warps, register cap): 128 registers at launch fit two 4+4-warp CTAs on an SM
+WARPS = ((64, 4, 128), (128, 4, 128), (128, 4, 0), (128, 8, 0), (256, 8, 0))
+
+
+def tiles_for(m: int) -> list[tuple[int, ...]]:
+    """(block_m, block_n, block_k, warps, stages, registers) worth timing at this M: the bucket's M tile (128
+    and 256 above 256 rows), 64- and 128-code steps."""
+    b = configs.m_bucket(m)
+    out = []
+    for bm in (16, 32, 64, 128, 256):
+        if bm != max(16, min(b, 256)) and not (b > 256 and bm == 128):
+            continue
+        for bn, w, regs in WARPS:
+            for bk, st in ((64, 6), (128, 4)):
+                if bm * bn > 256 * 128:
+                    continue
+                out.append((bm, bn, bk, w, st, regs))
+    return out
+
+
+def main() -> int:
+    args = arguments(__doc__, "16,64,128,256,1024").parse_args()
+    return sweep(args, "gemm5", tiles_for, None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

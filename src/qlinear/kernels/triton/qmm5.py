@@ -1,0 +1,208 @@
+"""``gemm5``: gemm4's product with its loads on a warp of their own (Gluon warp specialisation), sm_90.
+
+gemm4 (``qmm4.py``) issues everything from the warps that run wgmma: the code and scale loads two steps ahead,
+the TMA of x, and a CTA barrier before each TMA refills a slot a wgmma read. Here one loader warp brings x, the
+packed codes and the scale (and zero) rows of every step into a ring of ``STAGES`` shared-memory slots by TMA
+(``full`` / ``empty`` mbarriers), and the consumer warpgroups only load a slot's codes into the A-fragment
+registers (``qmm4.code_layout``), dequantize, issue the step's wgmma and release the previous step's slot.
+
+ptxas pipelines wgmma across a warp-specialised region only when nothing but wgmma defines the accumulator
+between the first wgmma and the final ``wait_group``: a loop that may run zero times leaves a path where the
+zero accumulator is moved into those registers right before the wait, and ptxas then serializes every HGMMA
+(``ptxas -v``: C7515 "non wgmma instructions defining accumulator registers"). So the first pair of steps is
+peeled out of the loop and every CTA runs at least two steps (a zero-step split runs two that add nothing).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+
+from .configs import Config
+from .gemm4_limits import gemm4_reasons
+from .layout import Packed
+from .qmm3 import block_k3
+from .qmm4 import _dequant, _store_out, _sum_partials, code_layout, cta_barrier, mma_layout, tile_errors, tma_load
+
+#: registers of the loader warp (it only issues TMA and waits on barriers)
+LOADER_REGISTERS = 40
+
+
+@gluon.constexpr_function
+def row_layout(block_n: int, num_warps: int) -> gl.DistributedLinearLayout:
+    """A ``[1, BN]`` scale or zero row spread as ``code_layout`` spreads output channels, so that converting it
+    to the words' row slice moves nothing between threads."""
+    regs = [[0, 8]] + [[0, 16 * num_warps * i] for i in (1, 2, 4) if 16 * num_warps * i < block_n]
+    warps = [[0, 16 * i] for i in (1, 2, 4, 8) if i < num_warps]
+    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=[[0, 0], [0, 0], [0, 1], [0, 2], [0, 4]],
+                                      warp_bases=warps, block_bases=[], shape=[1, block_n])
+
+
+@gluon.jit
+def _loader(x_desc, w_desc, s_desc, z_desc, xs, ws, ss, zs, full, empty, m0, n0, kb0, steps2, GS: gl.constexpr,
+            HAS_Z: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
+    """Step ``i``'s x tile, words and group rows into slot ``i % STAGES`` once the consumers released it. Past
+    K (or the last group) TMA fills zeros; a pair's extra step inside K loads real data the consumers zero."""
+    BKW: gl.constexpr = BLOCK_K // 8
+    nbytes: gl.constexpr = (x_desc.block_type.nbytes + w_desc.block_type.nbytes + s_desc.block_type.nbytes
+                            + (z_desc.block_type.nbytes if HAS_Z else 0))
+    for i in range(steps2):
+        slot = i % STAGES
+        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes parity 1
+        bar = full.index(slot)
+        mbarrier.expect(bar, nbytes)
+        kb = kb0 + i
+        g = kb * BLOCK_K // GS
+        tma_load(x_desc, [m0, kb * BLOCK_K], bar, xs.index(slot))
+        tma_load(w_desc, [kb * BKW, n0], bar, ws.index(slot))
+        tma_load(s_desc, [g, n0], bar, ss.index(slot))
+        if HAS_Z:
+            tma_load(z_desc, [g, n0], bar, zs.index(slot))
+
+
+@gluon.jit
+def _row(ring, slot, r_layout: gl.constexpr, w_layout: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Slot ``slot``'s ``[1, BN]`` group row as a vector over the words' output channels."""
+    return gl.convert_layout(gl.reshape(ring.index(slot).load(r_layout), [BLOCK_N]), gl.SliceLayout(1, w_layout))
+
+
+@gluon.jit
+def _consume(acc, i, steps, xs, ws, ss, zs, full, empty, ZC: gl.constexpr, HAS_Z: gl.constexpr,
+             BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, a_layout: gl.constexpr,
+             w_layout: gl.constexpr, r_layout: gl.constexpr):
+    """Step ``i``: dequantize slot ``i`` (while wgmma ``i - 1`` runs), issue wgmma ``i``, wait for ``i - 1`` and
+    release its slot. Called twice per loop body, as gemm4's ``_step``, so each step's A registers are its own."""
+    slot = i % STAGES
+    mbarrier.wait(full.index(slot), (i // STAGES) & 1)
+    w = ws.index(slot).permute((1, 0)).load(w_layout)
+    s = _row(ss, slot, r_layout, w_layout, BLOCK_N)
+    s = gl.where(i < steps, s, gl.zeros_like(s))  # a pair's extra step adds nothing
+    z = _row(zs, slot, r_layout, w_layout, BLOCK_N) if HAS_Z else s
+    a = _dequant(w, s, z, ZC, HAS_Z, BLOCK_N, BLOCK_K, a_layout, xs.dtype)
+    acc = warpgroup_mma(a, xs.index(slot).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
+    mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=i > 0)  # wgmma i - 1 is done with its slot
+    return acc
+
+
+@gluon.jit
+def _consumer(xs, ws, ss, zs, full, empty, steps, steps2, ZC: gl.constexpr, HAS_Z: gl.constexpr,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
+    NW: gl.constexpr = gl.num_warps()
+    acc_layout: gl.constexpr = mma_layout(BLOCK_M, NW)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    w_layout: gl.constexpr = code_layout(BLOCK_N, BLOCK_K // 8, NW)
+    r_layout: gl.constexpr = row_layout(BLOCK_N, NW)
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
+    # the first pair outside the loop: no path reaches the final wait with only the zeros (see the docstring)
+    acc = _consume(acc, 0, steps, xs, ws, ss, zs, full, empty, ZC, HAS_Z, BLOCK_N, BLOCK_K, STAGES, a_layout,
+                   w_layout, r_layout)
+    acc = _consume(acc, 1, steps, xs, ws, ss, zs, full, empty, ZC, HAS_Z, BLOCK_N, BLOCK_K, STAGES, a_layout,
+                   w_layout, r_layout)
+    for i in range(2, steps2, 2):
+        acc = _consume(acc, i, steps, xs, ws, ss, zs, full, empty, ZC, HAS_Z, BLOCK_N, BLOCK_K, STAGES, a_layout,
+                       w_layout, r_layout)
+        acc = _consume(acc, i + 1, steps, xs, ws, ss, zs, full, empty, ZC, HAS_Z, BLOCK_N, BLOCK_K, STAGES,
+                       a_layout, w_layout, r_layout)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+    return (acc,)
+
+
+@gluon.jit
+def qmm5_kernel(x_desc, w_desc, s_desc, z_desc, BIAS, Y, PART, LOCK, M, N, KW, SPLIT_K, stride_ym,
+                GS: gl.constexpr, ZC: gl.constexpr, HAS_Z: gl.constexpr, HAS_BIAS: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr):
+    """Grid and split-K as ``qmm4_kernel``; ``BLOCK_N`` channels of ``num_warps`` consumer warps plus one loader."""
+    NW: gl.constexpr = gl.num_warps()
+    BKW: gl.constexpr = BLOCK_K // 8
+    tiles_m = gl.cdiv(M, BLOCK_M)
+    pid = gl.program_id(0)
+    m0 = (pid % tiles_m) * BLOCK_M
+    n0 = (pid // tiles_m) * BLOCK_N
+    nkb = gl.cdiv(KW, BKW)
+    per = gl.cdiv(nkb, SPLIT_K)
+    kb0 = gl.program_id(1) * per
+    steps = gl.maximum(gl.minimum(kb0 + per, nkb) - kb0, 0)
+    steps2 = gl.maximum(steps + steps % 2, 2)  # whole pairs, at least one (the peeled pair)
+
+    xs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
+    ws = gl.allocate_shared_memory(gl.int32, [STAGES, BKW, BLOCK_N], w_desc.layout)
+    ss = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, BLOCK_N], s_desc.layout)
+    zs = gl.allocate_shared_memory(z_desc.dtype, [STAGES if HAS_Z else 1, 1, BLOCK_N], z_desc.layout)
+    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    (acc,) = gl.warp_specialize(
+        [(_consumer, (xs, ws, ss, zs, full, empty, steps, steps2, ZC, HAS_Z, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)),
+         (_loader, (x_desc, w_desc, s_desc, z_desc, xs, ws, ss, zs, full, empty, m0, n0, kb0, steps2, GS, HAS_Z,
+                    BLOCK_K, STAGES))], [1], [LOADER_REGS])
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(full.index(i))
+        mbarrier.invalidate(empty.index(i))
+
+    out_layout: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32, 1], [32, 1], [1, NW], [0, 1])
+    out = gl.convert_layout(acc, out_layout)
+    on = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_layout))
+    om = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
+    mask = (on < N)[:, None] & (om < M)[None, :]
+    if SPLIT:
+        gl.store(PART + gl.program_id(1) * M * N + om[None, :] * N + on[:, None], out, mask=mask)
+        cta_barrier()  # every thread's partial is written before the counter is released
+        seen = gl.atomic_add(LOCK + pid, 1, sem="acq_rel", scope="gpu")
+        if seen == SPLIT_K - 1:
+            _sum_partials(Y, BIAS, PART, on, m0, M, N, SPLIT_K, stride_ym, HAS_BIAS, BLOCK_N, BLOCK_M, NW)
+            gl.atomic_xchg(LOCK + pid, 0, sem="relaxed", scope="gpu")
+    else:
+        _store_out(Y, BIAS, out, on, om, N, mask, stride_ym, HAS_BIAS)
+
+
+GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32", torch.uint8: "uint8",
+             torch.int32: "int32"}
+
+
+def _descriptor(t: torch.Tensor, block: list[int]):
+    """A TMA descriptor over a row-major 2-D tensor with the default (swizzled) shared layout for ``block``."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, GL_DTYPES[t.dtype]))
+    return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], block, layout)
+
+
+def qmm5(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lock: torch.Tensor | None,
+         y: torch.Tensor) -> torch.Tensor:
+    """Launch ``qmm5_kernel`` (x gathered to sorted order first when the weight is act-order)."""
+    from .qmm import sorted_input
+    from .qmv_tc import capability
+
+    m = x2.shape[0]
+    why = gemm4_reasons(p, m, x2.dtype, capability(x2.device), "gemm5")
+    if why:
+        raise ValueError("gemm5 cannot run this call: " + "; ".join(why))
+    x2, kx = sorted_input(x2, p)
+    if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:  # TMA: 16-byte aligned rows
+        x2 = torch.empty(x2.shape, dtype=x2.dtype, device=x2.device).copy_(x2)
+    bk = block_k3(p, cfg.block_k)
+    bad = tile_errors(cfg, bk)
+    if bad:
+        raise ValueError("gemm5 config: " + "; ".join(bad))
+    bm, bn = cfg.block_m, cfg.block_n
+    x_desc = _descriptor(x2[:, :kx] if x2.shape[1] != kx else x2, [bm, bk])
+    w_desc = _descriptor(p.qweight, [bk // 8, bn])
+    s_desc = _descriptor(p.scales, [1, bn])
+    z_desc = _descriptor(p.zeros, [1, bn]) if p.zeros is not None else s_desc
+    tiles = triton.cdiv(m, bm) * triton.cdiv(p.n, bn)
+    split = cfg.split_k if lock is not None and tiles <= lock.numel() else 1
+    part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
+    qmm5_kernel[(tiles, split)](
+        x_desc, w_desc, s_desc, z_desc, bias if bias is not None else y, y, part,
+        lock if lock is not None else p.qweight, m, p.n, p.kw, split, y.stride(0),
+        GS=p.group, ZC=p.zero_const, HAS_Z=p.zeros is not None, HAS_BIAS=bias is not None,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=cfg.num_stages, SPLIT=split > 1, LOADER_REGS=LOADER_REGISTERS,
+        **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}), num_warps=cfg.num_warps)
+    return y
