@@ -23,16 +23,17 @@ WARPS = ((64, 4, 128), (128, 4, 128), (128, 4, 0), (128, 8, 0), (256, 8, 0))
 
 
 def tiles_for(m: int) -> list[tuple[int, ...]]:
-    """(block_m, block_n, block_k, warps, stages, registers) worth timing at this M: the bucket's M tile (128
-    and 256 above 256 rows), 64- and 128-code steps."""
+    """(block_m, block_n, block_k, warps, stages, registers) worth timing at this M: M tiles of the bucket and
+    half it (128 and 256 above 256 rows), 64- and 128-code steps; no tile whose float32 accumulator takes more
+    than 128 registers a thread (256 x 128 on one warpgroup spilled: 930 us where two warpgroups took 256)."""
     b = configs.m_bucket(m)
     out = []
     for bm in (16, 32, 64, 128, 256):
-        if bm != max(16, min(b, 256)) and not (b > 256 and bm == 128):
+        if not (bm == max(16, min(b, 256)) or (16 <= b // 2 == bm <= 128) or (b > 256 and bm == 128)):
             continue
         for bn, w, regs in WARPS:
             for bk, st in ((64, 6), (128, 4)):
-                if bm * bn > 256 * 128:
+                if bm * bn > 128 * 32 * w:
                     continue
                 out.append((bm, bn, bk, w, st, regs))
     return out

@@ -41,6 +41,13 @@ def row_layout(block_n: int, num_warps: int) -> gl.DistributedLinearLayout:
                                       warp_bases=warps, block_bases=[], shape=[1, block_n])
 
 
+@gluon.constexpr_function
+def slot_rows(row_bytes: int) -> int:
+    """Rows a slot of one group row takes so that every slot starts 128-byte aligned, as TMA's shared-memory
+    destination must (64 uint8 zeros a slot faulted on the H200: misaligned address)."""
+    return max(1, 128 // row_bytes)
+
+
 @gluon.jit
 def _loader(x_desc, w_desc, s_desc, z_desc, xs, ws, ss, zs, full, empty, m0, n0, kb0, steps2, GS: gl.constexpr,
             HAS_Z: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
@@ -58,15 +65,16 @@ def _loader(x_desc, w_desc, s_desc, z_desc, xs, ws, ss, zs, full, empty, m0, n0,
         g = kb * BLOCK_K // GS
         tma_load(x_desc, [m0, kb * BLOCK_K], bar, xs.index(slot))
         tma_load(w_desc, [kb * BKW, n0], bar, ws.index(slot))
-        tma_load(s_desc, [g, n0], bar, ss.index(slot))
+        tma_load(s_desc, [g, n0], bar, ss.index(slot).slice(0, 1))
         if HAS_Z:
-            tma_load(z_desc, [g, n0], bar, zs.index(slot))
+            tma_load(z_desc, [g, n0], bar, zs.index(slot).slice(0, 1))
 
 
 @gluon.jit
 def _row(ring, slot, r_layout: gl.constexpr, w_layout: gl.constexpr, BLOCK_N: gl.constexpr):
     """Slot ``slot``'s ``[1, BN]`` group row as a vector over the words' output channels."""
-    return gl.convert_layout(gl.reshape(ring.index(slot).load(r_layout), [BLOCK_N]), gl.SliceLayout(1, w_layout))
+    row = ring.index(slot).slice(0, 1).load(r_layout)
+    return gl.convert_layout(gl.reshape(row, [BLOCK_N]), gl.SliceLayout(1, w_layout))
 
 
 @gluon.jit
@@ -131,8 +139,10 @@ def qmm5_kernel(x_desc, w_desc, s_desc, z_desc, BIAS, Y, PART, LOCK, M, N, KW, S
 
     xs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
     ws = gl.allocate_shared_memory(gl.int32, [STAGES, BKW, BLOCK_N], w_desc.layout)
-    ss = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, BLOCK_N], s_desc.layout)
-    zs = gl.allocate_shared_memory(z_desc.dtype, [STAGES if HAS_Z else 1, 1, BLOCK_N], z_desc.layout)
+    ss = gl.allocate_shared_memory(s_desc.dtype, [STAGES, slot_rows(s_desc.block_type.nbytes), BLOCK_N],
+                                   s_desc.layout)
+    zs = gl.allocate_shared_memory(z_desc.dtype, [STAGES if HAS_Z else 1, slot_rows(z_desc.block_type.nbytes),
+                                                  BLOCK_N], z_desc.layout)
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
