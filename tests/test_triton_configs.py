@@ -71,33 +71,35 @@ def test_a_shape_timed_for_several_variants_takes_the_fastest(monkeypatch: pytes
 
 
 def test_shipped_table_runs_the_fastest_timed_variant_at_mid_m() -> None:
-    """The H200 table times variants side by side per key (one run per key: gemm4 against the shipped gemm3 /
-    gemv_tc / skinny2 / dense at M = 16..2048 on four shapes): every such key picks its fastest. A 4-bit call
-    whose table has no timing falls to the crossovers, which put gemm4 ahead of gemm3 ahead of gemm2; excluding
-    the ones a layer cannot run gives the next."""
+    """The H200 table times variants side by side per key (one run per key: gemm5 against the shipped gemm4 /
+    gemv_tc / dense at M = 8..4096 on four shapes): every such key picks its fastest. A 4-bit call whose table
+    has no timing falls to the crossovers, which put gemm5 ahead of gemm4 ahead of gemm3 ahead of gemm2;
+    excluding the ones a layer cannot run gives the next."""
     table = configs._tables()["NVIDIA H200"]["configs"]
     timed: dict[str, dict[str, float]] = {}
     for key, entry in table.items():
         if "us" in entry:
             timed.setdefault(key.split(":", 1)[1], {})[key.split(":")[0]] = entry["us"]
-    mid = [rest for rest, by in timed.items() if "gemm4" in by]
-    assert len([rest for rest in mid if len(timed[rest]) >= 2]) >= 16
+    mid = [rest for rest, by in timed.items() if "gemm5" in by or "gemm4" in by]
+    assert len([rest for rest in mid if "gemm5" in timed[rest] and len(timed[rest]) >= 2]) >= 32
     for rest in mid:
         f = dict(part.split("=") for part in rest.split(":"))
         m, n, k = int(f["m"]), int(f["n"]), int(f["k"])
-        want = min(timed[rest], key=timed[rest].__getitem__)  # one timed variant: the crossovers give gemm4
+        # one timed variant: the crossovers decide, and they give gemm5 from M = 9 to 4096
+        want = min(timed[rest], key=timed[rest].__getitem__) if len(timed[rest]) >= 2 else "gemm5"
         assert configs.choose("NVIDIA H200", 132, m, n, k, 4, 128).variant == want, rest
-    assert configs.choose("NVIDIA H200", 132, 100, 3072, 3072, 4, 128).variant == "gemm4"
-    assert configs.choose("NVIDIA H200", 132, 12, 3072, 3072, 4, 128).variant == "gemm4"
-    assert configs.choose("NVIDIA H200", 132, 12, 3072, 3072, 4, 128, exclude=("gemm4",)).variant == "skinny2"
-    assert configs.choose("NVIDIA H200", 132, 12, 3072, 3072, 2, 128).variant == "gemv_tc"  # 2-bit crossovers
-    assert configs.choose("NVIDIA H200", 132, 100, 3072, 3072, 4, 128, exclude=("gemm4",)).variant == "gemm3"
-    assert configs.choose("NVIDIA H200", 132, 100, 3072, 3072, 4, 128,
-                          exclude=("gemm4", "gemm3")).variant == "gemm2"
-    assert configs.choose("NVIDIA H200", 132, 100, 3072, 3072, 8, 128).variant == "gemm2"  # 8-bit crossovers
-    assert configs.choose("NVIDIA H200", 132, 600, 3072, 3072, 4, 128).variant == "gemm4"  # 4-bit: M <= 2048
-    assert configs.choose("NVIDIA H200", 132, 600, 3072, 3072, 4, 128, exclude=("gemm4",)).variant == "dense"
-    assert configs.choose("NVIDIA H200", 132, 3000, 3072, 3072, 4, 128).variant == "dense"
+    def pick(m: int, bits: int = 4, exclude: tuple[str, ...] = ()) -> str:
+        return configs.choose("NVIDIA H200", 132, m, 3072, 3072, bits, 128, exclude=exclude).variant
+
+    assert pick(100) == pick(12) == pick(600) == pick(3000) == "gemm5"
+    assert pick(12, exclude=("gemm5",)) == "gemm4"
+    assert pick(12, exclude=("gemm5", "gemm4")) == "skinny2"
+    assert pick(12, bits=2) == "gemv_tc"  # 2-bit crossovers
+    assert pick(100, exclude=("gemm5", "gemm4")) == "gemm3"
+    assert pick(100, exclude=("gemm5", "gemm4", "gemm3")) == "gemm2"
+    assert pick(100, bits=8) == "gemm2"  # 8-bit crossovers
+    assert pick(3000, exclude=("gemm5",)) == pick(600, exclude=("gemm5", "gemm4")) == "dense"
+    assert pick(5000) == "dense"
 
 
 def test_explain_choice_names_the_variant_config_and_evidence() -> None:
@@ -108,18 +110,21 @@ def test_explain_choice_names_the_variant_config_and_evidence() -> None:
     h200 = "NVIDIA H200"
     lines = explain_choice(h200, 132, 128, 14336, 4096, 4096, 4, 128, {})
     cfg = configs.legal(configs.choose(h200, 132, 128, 14336, 4096, 4, 128), 128, 4096, 4)
-    assert cfg.variant == "gemm4"
-    assert lines[0].startswith("M=128: gemm4 — fastest of the variants")
-    assert "gemm4 32.2" in lines[0] and "gemm3 44.9 us" in lines[0]
+    table = configs._tables()[h200]["configs"]
+    us = {v: table[configs.table_key(v, 128, 14336, 4096, 4, 128)]["us"] for v in ("gemm5", "gemm4")}
+    assert cfg.variant == "gemm5" and us["gemm5"] < us["gemm4"]
+    assert lines[0].startswith("M=128: gemm5 — fastest of the variants")
+    assert f"gemm5 {us['gemm5']:.1f} us, gemm4 {us['gemm4']:.1f} us" in lines[0]
     assert f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}, split-K {cfg.split_k}" in lines[0]
-    assert "  gemm3: timed slower for this shape (44.9 us)" in lines
+    assert f"  gemm4: timed slower for this shape ({us['gemm4']:.1f} us)" in lines
+    assert "  gemm3: gemm5 comes first in the crossovers for this M" in lines
     assert "  gemv_tc: serves M buckets <= 8" in lines
     assert len(lines) == len(configs.VARIANTS)  # the chosen one, then each other variant once
     why = "compute capability 8.0 (needs 9.0+ for bfloat16 (sub/mul.bf16x2))"
     why4 = "compute capability 8.0 (Gluon wgmma + TMA: sm_90 only)"
-    lines = explain_choice(h200, 132, 100, 3072, 3072, 3072, 4, 128, {"gemm4": why4, "gemm3": why})
+    lines = explain_choice(h200, 132, 100, 3072, 3072, 3072, 4, 128, {"gemm5": why4, "gemm4": why4, "gemm3": why})
     assert lines[0].startswith("M=100: gemm2 — crossover: gemm2 serves M buckets <= 256 (128 here)")
     assert "heuristic (no table entry for this shape)" in lines[0]
-    assert f"  gemm3: {why}" in lines and f"  gemm4: {why4}" in lines
-    assert explain_choice(h200, 132, 3000, 3072, 3072, 3072, 4, 128, {})[0].startswith(
-        "M=3000: dense — no variant's crossover covers M bucket 4096")
+    assert f"  gemm3: {why}" in lines and f"  gemm4: {why4}" in lines and f"  gemm5: {why4}" in lines
+    assert explain_choice(h200, 132, 5000, 3072, 3072, 3072, 4, 128, {})[0].startswith(
+        "M=5000: dense — no variant's crossover covers M bucket 8192")

@@ -40,7 +40,7 @@ VARIANTS = ("gemv_tc", "gemv", "skinny3", "skinny", "gemm5", "gemm4", "skinny2",
 #: group length the kernels use for "one group spans K" (any block is inside group 0)
 CHANNELWISE = 1 << 30
 #: default crossovers (largest M bucket served), used when the table has none for a device/bits
-DEFAULT_CROSSOVERS = {"gemv_tc": 8, "gemv": 1, "gemm4": 2048, "skinny2": 16, "gemm3": 256, "gemm2": 256}
+DEFAULT_CROSSOVERS = {"gemv_tc": 8, "gemv": 1, "gemm5": 4096, "gemm4": 2048, "skinny2": 16, "gemm3": 256, "gemm2": 256}
 #: Shared memory a pipelined tile config may take by the A+B estimate (bytes). The compiler takes up
 #: to ~1.45x the estimate (layout buffers), so this keeps under sm_90's 227 KiB opt-in limit; a
 #: 2-bit config asked 258048 B on the H200 before this clamp.
@@ -205,8 +205,18 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
         tiles = -(-m // bm) * -(-n // bn)
         split = min(16, _split(tiles, -(-k // bk), sms, waves, 2 if waves == 2 else 4))
         return Config("gemm4", bm, bn, bk, split, warps, 4)
-    if variant == "gemm5":  # gemm4's tiles until measured
-        return replace(heuristic("gemm4", sms, m, n, k, bits, group), variant="gemm5")
+    if variant == "gemm5":  # the H200 sweep's winners (results/h200-gemm5_sweep-2026-12-03.md): one consumer
+        # warpgroup under a 128-register launch cap (two CTAs per SM) up to M = 64 and on narrow N, two
+        # warpgroups of 128 channels above (128 x 128 x 64 at M = 128, 256-row tiles from 256); split K to fill
+        b = m_bucket(m)
+        wide = n >= 8192
+        bm, bn, bk, warps, stages, regs = (
+            (max(16, b), 128, 128, 4, 4, 128) if b <= 32 else (64, 64, 128, 4, 4, 128) if b <= 64
+            else (128, 128, 64, 8, 6, 0) if b <= 128 and wide else (256, 128, 64, 8, 4, 0) if b > 256 or wide
+            else (128, 64, 128, 4, 4, 128))
+        tiles = -(-m // bm) * -(-n // bn)
+        split = min(16, _split(tiles, -(-k // bk), sms, 2 if regs else 1, 4))
+        return Config("gemm5", bm, bn, bk, split, warps, stages, max_registers=regs)
     if variant == "gemm2":  # wgmma tiles (64 rows per warpgroup), 8 warps
         bm = 64 if m <= 64 else 128
         bn = 128 if n >= 128 else max(32, 1 << (n - 1).bit_length())

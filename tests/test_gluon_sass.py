@@ -1,12 +1,15 @@
-"""gemm4 (Gluon) compiled for sm_90 on this CPU: its loop must leave every in-flight wgmma's A registers alone.
+"""gemm4 and gemm5 (Gluon) compiled for sm_90 on this CPU: their loops must leave every in-flight wgmma's A
+registers alone, and gemm5's warp-specialised loop must stay pipelined.
 
 Gluon kernels do not run under ``TRITON_INTERPRET``, so CI checks what can be checked without a GPU: the kernel
 compiles for sm_90 with the installed Triton (HGMMA, TMA, no local-memory spills; the dequantized tile reaches
 wgmma without a layout shuffle, which ``convert_layout(assert_trivial=True)`` enforces at compile time), and
 the SASS has no write to a register an issued HGMMA reads before the ``WARPGROUP.DEPBAR`` that retires it. That
 hazard is what a one-step loop body compiled to (the H200 gave different outputs on two calls); the scanner
-below is tested on planted SASS first, so a silent scanner cannot pass the kernel. Numerics run on the H200
-(``benchmarks/gpu_check.py``, results under ``benchmarks/results/``).
+below is tested on planted SASS first, so a silent scanner cannot pass the kernel. gemm5 must also keep its
+wgmma in flight across steps: ptxas serializes every HGMMA of a warp-specialised region when a path reaches
+the final wait with non-wgmma writes to the accumulator (a loop that may run zero times), losing the overlap.
+Numerics run on the H200 (``benchmarks/gpu_check.py``, results under ``benchmarks/results/``).
 """
 
 from __future__ import annotations
@@ -158,5 +161,53 @@ def test_gemm4_compiles_for_sm90_without_wgmma_register_hazards(tile: tuple[int,
     sass = get_sass(kernel.asm["cubin"])  # type: ignore[attr-defined]
     assert len(re.findall(r"\bHGMMA\.", sass)) >= 8, "the two steps' wgmma (4+ k16 slices each)"
     assert "UTMALDG" in sass, "activations by TMA"
+    assert not re.search(r"\b(STL|LDL)\b", sass), "no local-memory spills"
+    assert wgmma_hazards(sass) == []
+
+
+def _compile5(block_m: int, block_n: int, block_k: int, warps: int, split: bool, has_z: bool,
+              max_registers: int) -> object:
+    pytest.importorskip("triton.experimental.gluon")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    from qlinear.kernels.triton.qmm5 import _descriptor, qmm5_kernel
+
+    tensors = {"x_desc": (torch.empty(256, 4096, dtype=torch.bfloat16), [block_m, block_k]),
+               "w_desc": (torch.empty(512, 4096, dtype=torch.int32), [block_k // 8, block_n]),
+               "s_desc": (torch.empty(32, 4096, dtype=torch.float16), [1, block_n]),
+               "z_desc": (torch.empty(32, 4096, dtype=torch.uint8 if has_z else torch.float16), [1, block_n])}
+    descs = {name: _descriptor(t, block) for name, (t, block) in tensors.items()}
+    consts = dict(GS=128, ZC=8, HAS_Z=has_z, HAS_BIAS=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                  STAGES=4, SPLIT=split, LOADER_REGS=40)
+    ptrs = {"BIAS": "*bf16", "Y": "*bf16", "PART": "*fp32", "LOCK": "*i32"}
+    names = qmm5_kernel.arg_names
+    sig = {a: "constexpr" if a in consts else mangle_type(descs[a]) if a in descs else ptrs.get(a, "i32")
+           for a in names}
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs or a == "stride_ym"}
+    options = {"num_warps": warps} | ({"maxnreg": max_registers} if max_registers else {})
+    src = GluonASTSource(qmm5_kernel, sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+@pytest.mark.parametrize("tile", [(16, 128, 128, 4, False, False, 128), (128, 128, 64, 8, True, True, 0),
+                                  (64, 64, 128, 4, True, True, 128)])
+def test_gemm5_compiles_for_sm90_pipelined_and_without_hazards(tile: tuple) -> None:
+    from triton.tools.disasm import get_sass
+
+    try:
+        kernel = _compile5(*tile)
+    except (RuntimeError, FileNotFoundError) as err:  # no bundled ptxas/cuobjdump on this platform
+        if "ptxas" in str(err) or "cuobjdump" in str(err):
+            pytest.skip(f"sm_90 toolchain unavailable: {err}")
+        raise
+    sass = get_sass(kernel.asm["cubin"])  # type: ignore[attr-defined]
+    hgmma = len(re.findall(r"\bHGMMA\.", sass))
+    waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
+    assert hgmma >= 16, "four steps' wgmma (the peeled pair and the loop's pair)"
+    assert len(waits) < hgmma // 2 and "0x1" in waits, f"wgmma serialized: {len(waits)} waits for {hgmma} HGMMA"
+    assert len(re.findall(r"UTMALDG", sass)) >= 3 + tile[5], "x, words, scales (and zeros) by TMA"
     assert not re.search(r"\b(STL|LDL)\b", sass), "no local-memory spills"
     assert wgmma_hazards(sass) == []
