@@ -290,6 +290,35 @@ def test_gemm4_names_the_tiles_its_layouts_cannot_take() -> None:
         "block_m 48 (expected 16..256, a power of two: wgmma's N)",
         "block_k 96 (expected 64..512 codes, whole 8-row field blocks)",
         "num_stages 1 (expected 2+: the x ring refills the slot of the step before)"]
+    assert tile_errors(Config("gemm4", 256, 128, 64, 1, 4, 4), 64)[0].startswith(
+        "block_m x block_n 256x128 on 4 warps (a 256-register accumulator a thread")
+    assert tile_errors(Config("gemm5", 128, 64, 128, 1, 4, 4, max_registers=128), 128) == []
+    assert tile_errors(Config("gemm5", 256, 64, 64, 1, 4, 4, max_registers=128), 64)[0].startswith(
+        "max_registers 128 for block_m 256 (one wgmma holds block_m / 2 accumulator registers, the tile 128")
+
+
+def test_shipped_gemm4_and_gemm5_configs_fit_their_layouts() -> None:
+    """Every H200 table entry and every heuristic config of the Gluon variants passes their tile checks (the
+    sweeps timed them; a forced config outside is refused by the same checks)."""
+    from qlinear.kernels.triton import configs
+    from qlinear.kernels.triton.qmm4 import tile_errors
+
+    table = configs._tables()["NVIDIA H200"]["configs"]
+    seen = []
+    for key in table:
+        variant, rest = key.split(":", 1)
+        if variant in ("gemm4", "gemm5"):
+            f = dict(part.split("=") for part in rest.split(":"))
+            cfg = configs.legal(configs.choose("NVIDIA H200", 132, int(f["m"]), int(f["n"]), int(f["k"]), 4,
+                                               int(f["g"]), variant), int(f["m"]), int(f["k"]), 4)
+            seen.append((key, tile_errors(cfg, cfg.block_k)))
+    for m in (9, 16, 33, 64, 100, 128, 200, 256, 600, 1024, 4096):
+        for n, k in ((4096, 4096), (28672, 8192), (3072, 3072), (512, 14336)):
+            for variant in ("gemm4", "gemm5"):
+                cfg = configs.legal(configs.heuristic(variant, 132, m, n, k, 4, 128), m, k, 4)
+                seen.append((f"{variant} heuristic m={m} n={n} k={k}", tile_errors(cfg, cfg.block_k)))
+    assert len(seen) > 100
+    assert [(what, bad) for what, bad in seen if bad] == []
 
 
 def test_gemm4_needs_a_triton_with_gluon(monkeypatch: pytest.MonkeyPatch) -> None:

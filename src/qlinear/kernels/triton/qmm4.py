@@ -220,6 +220,13 @@ def tile_errors(cfg: Config, block_k: int) -> list[str]:
         out.append(f"block_k {block_k} (expected 64..512 codes, whole 8-row field blocks)")
     if cfg.num_stages < 2:
         out.append(f"num_stages {cfg.num_stages} (expected 2+: the x ring refills the slot of the step before)")
+    acc = cfg.block_m * cfg.block_n // (32 * cfg.num_warps)  # float32 accumulator registers a thread
+    if acc > 128:
+        out.append(f"block_m x block_n {cfg.block_m}x{cfg.block_n} on {cfg.num_warps} warps (a {acc}-register "
+                   "accumulator a thread; expected at most 128: 256x128 on 4 warps spilled, 930 us for 256 on 8)")
+    elif cfg.max_registers and (acc >= cfg.max_registers or cfg.block_m // 2 + 32 > cfg.max_registers):
+        out.append(f"max_registers {cfg.max_registers} for block_m {cfg.block_m} (one wgmma holds block_m / 2 "
+                   f"accumulator registers, the tile {acc}: ptxas cannot fit them under the cap)")
     return out
 
 
