@@ -5,7 +5,8 @@ bit-identical).
     python3 benchmarks/gemm5_sweep.py [--shapes 4096x14336,...] [--m 16,64,128,256,1024] [--peers] [--json out]
 
 Tiles: one consumer warpgroup (with or without a 128-register launch cap, which lets two CTAs share an SM) or
-two; 64- or 128-code steps, deeper rings for the shorter steps.
+two; 64- or 128-code steps, deeper rings for the shorter steps; up to 32 rows also 80- and 64-register caps
+(three and four CTAs an SM).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from qlinear.kernels.triton import configs
 
 #: (block_n, consumer warps, register cap): 128 registers at launch fit two 4+4-warp CTAs on an SM
 WARPS = ((64, 4, 128), (128, 4, 128), (128, 4, 0), (128, 8, 0), (256, 8, 0))
+#: (block_n, warps, cap, block_k, stages) for M tiles up to 32: three CTAs an SM under 80 registers, four under
+#: 64 (offline SASS, Triton 3.6: these keep their wgmma pipelined without spills; 16x128 under 96 does not)
+SMALL = ((64, 4, 80, 128, 4), (64, 4, 80, 128, 8), (64, 4, 80, 64, 8), (64, 4, 64, 64, 8))
 
 
 def tiles_for(m: int) -> list[tuple[int, ...]]:
@@ -36,6 +40,8 @@ def tiles_for(m: int) -> list[tuple[int, ...]]:
                 if bm * bn > 128 * 32 * w:
                     continue
                 out.append((bm, bn, bk, w, st, regs))
+        if bm <= 32:
+            out += [(bm, bn, bk, w, st, regs) for bn, w, regs, bk, st in SMALL]
     return out
 
 

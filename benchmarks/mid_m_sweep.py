@@ -31,11 +31,11 @@ Tiles = Callable[[int], list[tuple[int, ...]]]
 
 
 def splits(m: int, n: int, k: int, bm: int, bn: int, bk: int) -> list[int]:
-    """Split-K factors that bring the CTAs near one or two per SM."""
+    """Split-K factors that bring the CTAs near one, two or three per SM."""
     tiles = -(-m // bm) * -(-n // bn)
     steps = -(-k // bk)
     out = {1}
-    for target in (132, 264):
+    for target in (132, 264, 396):
         s = max(1, min(16, steps // 4, round(target / tiles)))
         out.add(s)
     return sorted(out)
