@@ -211,3 +211,51 @@ def test_gemm5_compiles_for_sm90_pipelined_and_without_hazards(tile: tuple) -> N
     assert len(re.findall(r"UTMALDG", sass)) >= 3 + tile[5], "x, words, scales (and zeros) by TMA"
     assert not re.search(r"\b(STL|LDL)\b", sass), "no local-memory spills"
     assert wgmma_hazards(sass) == []
+
+
+def _compile_sk(block_m: int, block_n: int, block_k: int, warps: int, has_z: bool, max_registers: int) -> object:
+    pytest.importorskip("triton.experimental.gluon")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    from qlinear.kernels.triton.qmm5 import _descriptor
+    from qlinear.kernels.triton.qmm5_sk import qmm5_sk_kernel
+
+    tensors = {"x_desc": (torch.empty(256, 4096, dtype=torch.bfloat16), [block_m, block_k]),
+               "w_desc": (torch.empty(512, 4096, dtype=torch.int32), [block_k // 8, block_n]),
+               "s_desc": (torch.empty(32, 4096, dtype=torch.bfloat16), [1, block_n]),
+               "z_desc": (torch.empty(32, 4096, dtype=torch.uint8 if has_z else torch.bfloat16), [1, block_n])}
+    descs = {name: _descriptor(t, block) for name, (t, block) in tensors.items()}
+    consts = dict(GS=128, ZC=8, HAS_Z=has_z, HAS_BIAS=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                  STAGES=4, LOADER_REGS=40)
+    ptrs = {"BIAS": "*bf16", "Y": "*bf16", "PART": "*fp32", "LOCK": "*i32"}
+    names = qmm5_sk_kernel.arg_names
+    sig = {a: "constexpr" if a in consts else mangle_type(descs[a]) if a in descs else ptrs.get(a, "i32")
+           for a in names}
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs or a == "stride_ym"}
+    options = {"num_warps": warps} | ({"maxnreg": max_registers} if max_registers else {})
+    src = GluonASTSource(qmm5_sk_kernel, sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+@pytest.mark.parametrize("tile", [(128, 128, 64, 8, False, 0), (64, 64, 128, 4, True, 128)])
+def test_gemm5_stream_k_compiles_pipelined_with_its_fixup(tile: tuple) -> None:
+    """The stream-K grid runs gemm5's loop once per segment inside a loop over segments: each segment's wgmma
+    must still stay in flight across steps, and the partial fix-up (a counter per tile) must be there."""
+    from triton.tools.disasm import get_sass
+
+    try:
+        kernel = _compile_sk(*tile)
+    except (RuntimeError, FileNotFoundError) as err:
+        if "ptxas" in str(err) or "cuobjdump" in str(err):
+            pytest.skip(f"sm_90 toolchain unavailable: {err}")
+        raise
+    sass = get_sass(kernel.asm["cubin"])  # type: ignore[attr-defined]
+    hgmma = len(re.findall(r"\bHGMMA\.", sass))
+    waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
+    assert hgmma >= 16 and len(waits) < hgmma // 2 and "0x1" in waits, f"{len(waits)} waits for {hgmma} HGMMA"
+    assert re.search(r"\bATOMG?\.E?\.?ADD|\bATOMG\b|\bATOM\b", sass), "the per-tile counter of the fix-up"
+    assert not re.search(r"\b(STL|LDL)\b", sass), "no local-memory spills"
+    assert wgmma_hazards(sass) == []
