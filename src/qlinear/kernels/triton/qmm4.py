@@ -162,9 +162,17 @@ def qmm4_kernel(x_desc, W, S, Z, BIAS, Y, PART, LOCK, M, N, KW, NP, SPLIT_K, str
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
 
+    _epilogue(acc, Y, BIAS, PART, LOCK, pid, m0, pid_n * BLOCK_N, M, N, SPLIT_K, stride_ym, HAS_BIAS, SPLIT,
+              BLOCK_N, BLOCK_M, NW)
+
+
+@gluon.jit
+def _epilogue(acc, Y, BIAS, PART, LOCK, pid, m0, n0, M, N, SPLIT_K, stride_ym, HAS_BIAS: gl.constexpr,
+              SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, NW: gl.constexpr):
+    """The tile's ``y`` (or, split, its float32 partial; the last split of the tile to finish sums them)."""
     out_layout: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32, 1], [32, 1], [1, NW], [0, 1])
     out = gl.convert_layout(acc, out_layout)
-    on = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_layout))
+    on = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_layout))
     om = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
     mask = (on < N)[:, None] & (om < M)[None, :]
     if SPLIT:

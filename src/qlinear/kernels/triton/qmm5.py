@@ -25,7 +25,7 @@ from .configs import Config
 from .gemm4_limits import gemm4_reasons
 from .layout import Packed
 from .qmm3 import block_k3
-from .qmm4 import _dequant, _store_out, _sum_partials, code_layout, cta_barrier, mma_layout, tile_errors, tma_load
+from .qmm4 import _dequant, _epilogue, code_layout, mma_layout, tile_errors, tma_load
 
 #: registers of the loader warp (it only issues TMA and waits on barriers)
 LOADER_REGISTERS = 40
@@ -156,20 +156,8 @@ def qmm5_kernel(x_desc, w_desc, s_desc, z_desc, BIAS, Y, PART, LOCK, M, N, KW, S
         mbarrier.invalidate(full.index(i))
         mbarrier.invalidate(empty.index(i))
 
-    out_layout: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32, 1], [32, 1], [1, NW], [0, 1])
-    out = gl.convert_layout(acc, out_layout)
-    on = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_layout))
-    om = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
-    mask = (on < N)[:, None] & (om < M)[None, :]
-    if SPLIT:
-        gl.store(PART + gl.program_id(1) * M * N + om[None, :] * N + on[:, None], out, mask=mask)
-        cta_barrier()  # every thread's partial is written before the counter is released
-        seen = gl.atomic_add(LOCK + pid, 1, sem="acq_rel", scope="gpu")
-        if seen == SPLIT_K - 1:
-            _sum_partials(Y, BIAS, PART, on, m0, M, N, SPLIT_K, stride_ym, HAS_BIAS, BLOCK_N, BLOCK_M, NW)
-            gl.atomic_xchg(LOCK + pid, 0, sem="relaxed", scope="gpu")
-    else:
-        _store_out(Y, BIAS, out, on, om, N, mask, stride_ym, HAS_BIAS)
+    _epilogue(acc, Y, BIAS, PART, LOCK, pid, m0, n0, M, N, SPLIT_K, stride_ym, HAS_BIAS, SPLIT, BLOCK_N, BLOCK_M,
+              NW)
 
 
 GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32", torch.uint8: "uint8",
