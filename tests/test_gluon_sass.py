@@ -14,10 +14,13 @@ Numerics run on the H200 (``benchmarks/gpu_check.py``, results under ``benchmark
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-import torch
 
 #: an HGMMA reads its A fragment from 4 registers starting at its second operand when that is a register
 HGMMA_A = re.compile(r"HGMMA\.\S+\s+R\d+,\s+R(\d+),")
@@ -120,94 +123,47 @@ def test_scanner_finds_a_planted_register_hazard() -> None:
     assert len(wgmma_hazards(TWO_SETS.replace("R92", "R89"))) == 1  # the second step writes into the first's A
 
 
-def _compile(block_m: int, block_n: int, block_k: int, warps: int, split: bool, has_z: bool) -> object:
-    # Triton is imported here, not at collection: the interpreter modules set TRITON_INTERPRET when they are
-    # collected, and a Triton imported before that decorates its own helpers for the compiler, not the interpreter
+@pytest.fixture(scope="module")
+def sass(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Every case of ``gluon_sass_compile.CASES`` compiled in a fresh process (see that module for why)."""
     pytest.importorskip("triton.experimental.gluon")
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    from triton.runtime.jit import mangle_type
+    from tests.gluon_sass_compile import CASES
 
-    from qlinear.kernels.triton.qmm4 import qmm4_kernel
-
-    x = torch.empty(256, 4096, dtype=torch.bfloat16)
-    layout = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
-    desc = TensorDescriptor.from_tensor(x, [block_m, block_k], layout)
-    consts = dict(GS=128, ZC=8, HAS_Z=has_z, HAS_BIAS=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                  STAGES=4, SPLIT=split)
-    ptrs = {"W": "*i32", "S": "*fp16", "Z": "*u8", "BIAS": "*bf16", "Y": "*bf16", "PART": "*fp32", "LOCK": "*i32"}
-    names = qmm4_kernel.arg_names
-    sig = {a: "constexpr" if a in consts else mangle_type(desc) if a == "x_desc" else ptrs.get(a, "i32")
-           for a in names}
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs or a in ("NP", "stride_ym")}
-    src = GluonASTSource(qmm4_kernel, sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    out = tmp_path_factory.mktemp("sass")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(Path(__file__).with_name("gluon_sass_compile.py")), str(out)], env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = {}
+    for name in CASES:
+        err = out / f"{name}.err"
+        if err.exists():
+            text = err.read_text()
+            if "ptxas" in text or "cuobjdump" in text:  # no bundled sm_90 toolchain on this platform
+                pytest.skip(f"sm_90 toolchain unavailable: {text[:300]}")
+            raise AssertionError(f"{name} did not compile: {text[-3000:]}")
+        found[name] = (out / f"{name}.sass").read_text()
+    return found
 
 
-@pytest.mark.parametrize("tile", [(16, 128, 128, 4, False, False), (128, 128, 64, 8, True, True),
-                                  (64, 64, 128, 4, True, False)])
-def test_gemm4_compiles_for_sm90_without_wgmma_register_hazards(tile: tuple[int, int, int, int, bool, bool]) -> None:
-    from triton.tools.disasm import get_sass
-
-    try:
-        kernel = _compile(*tile)
-    except (RuntimeError, FileNotFoundError) as err:  # no bundled ptxas/cuobjdump on this platform
-        if "ptxas" in str(err) or "cuobjdump" in str(err):
-            pytest.skip(f"sm_90 toolchain unavailable: {err}")
-        raise
-    sass = get_sass(kernel.asm["cubin"])  # type: ignore[attr-defined]
-    assert len(re.findall(r"\bHGMMA\.", sass)) >= 8, "the two steps' wgmma (4+ k16 slices each)"
-    assert "UTMALDG" in sass, "activations by TMA"
-    assert not re.search(r"\b(STL|LDL)\b", sass), "no local-memory spills"
-    assert wgmma_hazards(sass) == []
+@pytest.mark.parametrize("case", ["gemm4-16x128x128-w4", "gemm4-128x128x64-w8-split-zeros",
+                                  "gemm4-64x64x128-w4-split"])
+def test_gemm4_compiles_for_sm90_without_wgmma_register_hazards(sass: dict[str, str], case: str) -> None:
+    code = sass[case]
+    assert len(re.findall(r"\bHGMMA\.", code)) >= 8, "the two steps' wgmma (4+ k16 slices each)"
+    assert "UTMALDG" in code, "activations by TMA"
+    assert not re.search(r"\b(STL|LDL)\b", code), "no local-memory spills"
+    assert wgmma_hazards(code) == []
 
 
-def _compile5(block_m: int, block_n: int, block_k: int, warps: int, split: bool, has_z: bool,
-              max_registers: int) -> object:
-    pytest.importorskip("triton.experimental.gluon")
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
-    from qlinear.kernels.triton.qmm5 import _descriptor, qmm5_kernel
-
-    tensors = {"x_desc": (torch.empty(256, 4096, dtype=torch.bfloat16), [block_m, block_k]),
-               "w_desc": (torch.empty(512, 4096, dtype=torch.int32), [block_k // 8, block_n]),
-               "s_desc": (torch.empty(32, 4096, dtype=torch.float16), [1, block_n]),
-               "z_desc": (torch.empty(32, 4096, dtype=torch.uint8 if has_z else torch.float16), [1, block_n])}
-    descs = {name: _descriptor(t, block) for name, (t, block) in tensors.items()}
-    consts = dict(GS=128, ZC=8, HAS_Z=has_z, HAS_BIAS=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                  STAGES=4, SPLIT=split, LOADER_REGS=40)
-    ptrs = {"BIAS": "*bf16", "Y": "*bf16", "PART": "*fp32", "LOCK": "*i32"}
-    names = qmm5_kernel.arg_names
-    sig = {a: "constexpr" if a in consts else mangle_type(descs[a]) if a in descs else ptrs.get(a, "i32")
-           for a in names}
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs or a == "stride_ym"}
-    options = {"num_warps": warps} | ({"maxnreg": max_registers} if max_registers else {})
-    src = GluonASTSource(qmm5_kernel, sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-
-
-@pytest.mark.parametrize("tile", [(16, 128, 128, 4, False, False, 128), (128, 128, 64, 8, True, True, 0),
-                                  (64, 64, 128, 4, True, True, 128)])
-def test_gemm5_compiles_for_sm90_pipelined_and_without_hazards(tile: tuple) -> None:
-    from triton.tools.disasm import get_sass
-
-    try:
-        kernel = _compile5(*tile)
-    except (RuntimeError, FileNotFoundError) as err:  # no bundled ptxas/cuobjdump on this platform
-        if "ptxas" in str(err) or "cuobjdump" in str(err):
-            pytest.skip(f"sm_90 toolchain unavailable: {err}")
-        raise
-    sass = get_sass(kernel.asm["cubin"])  # type: ignore[attr-defined]
-    hgmma = len(re.findall(r"\bHGMMA\.", sass))
-    waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
+@pytest.mark.parametrize("case", ["gemm5-16x128x128-w4-r128", "gemm5-128x128x64-w8-split-zeros",
+                                  "gemm5-64x64x128-w4-split-zeros-r128"])
+def test_gemm5_compiles_for_sm90_pipelined_and_without_hazards(sass: dict[str, str], case: str) -> None:
+    code = sass[case]
+    hgmma = len(re.findall(r"\bHGMMA\.", code))
+    waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", code)
     assert hgmma >= 16, "four steps' wgmma (the peeled pair and the loop's pair)"
     assert len(waits) < hgmma // 2 and "0x1" in waits, f"wgmma serialized: {len(waits)} waits for {hgmma} HGMMA"
-    assert len(re.findall(r"UTMALDG", sass)) >= 3 + tile[5], "x, words, scales (and zeros) by TMA"
-    assert not re.search(r"\b(STL|LDL)\b", sass), "no local-memory spills"
-    assert wgmma_hazards(sass) == []
+    assert len(re.findall(r"UTMALDG", code)) >= 3 + ("zeros" in case), "x, words, scales (and zeros) by TMA"
+    assert not re.search(r"\b(STL|LDL)\b", code), "no local-memory spills"
+    assert wgmma_hazards(code) == []

@@ -238,25 +238,32 @@ def tile_errors(cfg: Config, block_k: int) -> list[str]:
     return out
 
 
-def qmm4(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lock: torch.Tensor | None,
-         y: torch.Tensor) -> torch.Tensor:
-    """Launch ``qmm4_kernel`` (x gathered to sorted order first when the weight is act-order)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
+def gluon_inputs(x2: torch.Tensor, p: Packed, cfg: Config) -> tuple[torch.Tensor, int, int]:
+    """``(x in sorted order with TMA-aligned rows, its K, the K step)`` for gemm4/gemm5 (``cfg.variant``), or a
+    named error for a call or a forced config the kernel cannot take."""
     from .qmm import sorted_input
     from .qmv_tc import capability
 
-    m = x2.shape[0]
-    why = gemm4_reasons(p, m, x2.dtype, capability(x2.device))
+    why = gemm4_reasons(p, x2.shape[0], x2.dtype, capability(x2.device), cfg.variant)
     if why:
-        raise ValueError("gemm4 cannot run this call: " + "; ".join(why))
+        raise ValueError(f"{cfg.variant} cannot run this call: " + "; ".join(why))
     x2, kx = sorted_input(x2, p)
     if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:  # TMA: 16-byte aligned rows
         x2 = torch.empty(x2.shape, dtype=x2.dtype, device=x2.device).copy_(x2)
     bk = block_k3(p, cfg.block_k)
     bad = tile_errors(cfg, bk)
     if bad:
-        raise ValueError("gemm4 config: " + "; ".join(bad))
+        raise ValueError(f"{cfg.variant} config: " + "; ".join(bad))
+    return x2, kx, bk
+
+
+def qmm4(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lock: torch.Tensor | None,
+         y: torch.Tensor) -> torch.Tensor:
+    """Launch ``qmm4_kernel`` (x gathered to sorted order first when the weight is act-order)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    m = x2.shape[0]
+    x2, kx, bk = gluon_inputs(x2, p, cfg)
     bm, bn = cfg.block_m, cfg.block_n
     dt = gl.bfloat16 if x2.dtype == torch.bfloat16 else gl.float16
     layout = gl.NVMMASharedLayout.get_default_for([bm, bk], dt)

@@ -22,10 +22,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from .configs import Config
-from .gemm4_limits import gemm4_reasons
 from .layout import Packed
-from .qmm3 import block_k3
-from .qmm4 import _dequant, _epilogue, code_layout, mma_layout, tile_errors, tma_load
+from .qmm4 import _dequant, _epilogue, code_layout, gluon_inputs, mma_layout, tma_load
 
 #: registers of the loader warp (it only issues TMA and waits on barriers)
 LOADER_REGISTERS = 40
@@ -175,20 +173,8 @@ def _descriptor(t: torch.Tensor, block: list[int]):
 def qmm5(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lock: torch.Tensor | None,
          y: torch.Tensor) -> torch.Tensor:
     """Launch ``qmm5_kernel`` (x gathered to sorted order first when the weight is act-order)."""
-    from .qmm import sorted_input
-    from .qmv_tc import capability
-
     m = x2.shape[0]
-    why = gemm4_reasons(p, m, x2.dtype, capability(x2.device), "gemm5")
-    if why:
-        raise ValueError("gemm5 cannot run this call: " + "; ".join(why))
-    x2, kx = sorted_input(x2, p)
-    if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:  # TMA: 16-byte aligned rows
-        x2 = torch.empty(x2.shape, dtype=x2.dtype, device=x2.device).copy_(x2)
-    bk = block_k3(p, cfg.block_k)
-    bad = tile_errors(cfg, bk)
-    if bad:
-        raise ValueError("gemm5 config: " + "; ".join(bad))
+    x2, kx, bk = gluon_inputs(x2, p, cfg)
     bm, bn = cfg.block_m, cfg.block_n
     x_desc = _descriptor(x2[:, :kx] if x2.shape[1] != kx else x2, [bm, bk])
     w_desc = _descriptor(p.qweight, [bk // 8, bn])

@@ -1,0 +1,94 @@
+"""Compile gemm4 and gemm5 for sm_90 and write their SASS: run in a fresh process by ``test_gluon_sass.py``.
+
+    python3 tests/gluon_sass_compile.py OUT_DIR      # OUT_DIR/<case>.sass, or <case>.err with the error
+
+A process that has run Triton's interpreter (the ``*_interpret`` test modules) keeps Triton's language patched
+for it, and compiling there then fails inside Triton's own helpers (``gl.cdiv``); a fresh process without
+``TRITON_INTERPRET`` compiles as a user's would.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+#: case name -> (kernel, tile): gemm4 (block_m, block_n, block_k, warps, split, zeros); gemm5 adds a register cap
+CASES = {
+    "gemm4-16x128x128-w4": ("gemm4", (16, 128, 128, 4, False, False)),
+    "gemm4-128x128x64-w8-split-zeros": ("gemm4", (128, 128, 64, 8, True, True)),
+    "gemm4-64x64x128-w4-split": ("gemm4", (64, 64, 128, 4, True, False)),
+    "gemm5-16x128x128-w4-r128": ("gemm5", (16, 128, 128, 4, False, False, 128)),
+    "gemm5-128x128x64-w8-split-zeros": ("gemm5", (128, 128, 64, 8, True, True, 0)),
+    "gemm5-64x64x128-w4-split-zeros-r128": ("gemm5", (64, 64, 128, 4, True, True, 128)),
+}
+
+
+def compile4(block_m: int, block_n: int, block_k: int, warps: int, split: bool, has_z: bool) -> object:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    from qlinear.kernels.triton.qmm4 import qmm4_kernel
+
+    x = torch.empty(256, 4096, dtype=torch.bfloat16)
+    layout = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
+    desc = TensorDescriptor.from_tensor(x, [block_m, block_k], layout)
+    consts = dict(GS=128, ZC=8, HAS_Z=has_z, HAS_BIAS=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                  STAGES=4, SPLIT=split)
+    ptrs = {"W": "*i32", "S": "*fp16", "Z": "*u8", "BIAS": "*bf16", "Y": "*bf16", "PART": "*fp32", "LOCK": "*i32"}
+    names = qmm4_kernel.arg_names
+    sig = {a: "constexpr" if a in consts else mangle_type(desc) if a == "x_desc" else ptrs.get(a, "i32")
+           for a in names}
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs or a in ("NP", "stride_ym")}
+    src = GluonASTSource(qmm4_kernel, sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+
+
+
+def compile5(block_m: int, block_n: int, block_k: int, warps: int, split: bool, has_z: bool,
+              max_registers: int) -> object:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    from qlinear.kernels.triton.qmm5 import _descriptor, qmm5_kernel
+
+    tensors = {"x_desc": (torch.empty(256, 4096, dtype=torch.bfloat16), [block_m, block_k]),
+               "w_desc": (torch.empty(512, 4096, dtype=torch.int32), [block_k // 8, block_n]),
+               "s_desc": (torch.empty(32, 4096, dtype=torch.float16), [1, block_n]),
+               "z_desc": (torch.empty(32, 4096, dtype=torch.uint8 if has_z else torch.float16), [1, block_n])}
+    descs = {name: _descriptor(t, block) for name, (t, block) in tensors.items()}
+    consts = dict(GS=128, ZC=8, HAS_Z=has_z, HAS_BIAS=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                  STAGES=4, SPLIT=split, LOADER_REGS=40)
+    ptrs = {"BIAS": "*bf16", "Y": "*bf16", "PART": "*fp32", "LOCK": "*i32"}
+    names = qmm5_kernel.arg_names
+    sig = {a: "constexpr" if a in consts else mangle_type(descs[a]) if a in descs else ptrs.get(a, "i32")
+           for a in names}
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs or a == "stride_ym"}
+    options = {"num_warps": warps} | ({"maxnreg": max_registers} if max_registers else {})
+    src = GluonASTSource(qmm5_kernel, sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+
+def main(out: Path) -> int:
+    from triton.tools.disasm import get_sass
+
+    for name, (kernel, tile) in CASES.items():
+        try:
+            compiled = (compile4 if kernel == "gemm4" else compile5)(*tile)
+            (out / f"{name}.sass").write_text(get_sass(compiled.asm["cubin"]))  # type: ignore[attr-defined]
+        except Exception as err:  # reported by the test that reads this case
+            (out / f"{name}.err").write_text(f"{type(err).__name__}: {err}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    sys.exit(main(Path(sys.argv[1])))
