@@ -25,38 +25,36 @@ CASES = {
 }
 
 
-def compile4(block_m: int, block_n: int, block_k: int, warps: int, split: bool, has_z: bool) -> object:
+def _sm90(kernel: object, descs: dict[str, object], consts: dict[str, object], ptrs: dict[str, str],
+          options: dict[str, int]) -> object:
+    """Compile a Gluon kernel for sm_90: descriptor arguments from ``descs``, pointers typed by ``ptrs`` (16-byte
+    aligned, as the launchers' tensors are), the rest int32."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from triton.runtime.jit import mangle_type
 
-    from qlinear.kernels.triton.qmm4 import qmm4_kernel
+    names = kernel.arg_names  # type: ignore[attr-defined]
+    sig = {a: "constexpr" if a in consts else mangle_type(descs[a]) if a in descs else ptrs.get(a, "i32")
+           for a in names}
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs or a in ("NP", "stride_ym")}
+    src = GluonASTSource(kernel, sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
-    x = torch.empty(256, 4096, dtype=torch.bfloat16)
-    layout = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
-    desc = TensorDescriptor.from_tensor(x, [block_m, block_k], layout)
+
+def compile4(block_m: int, block_n: int, block_k: int, warps: int, split: bool, has_z: bool) -> object:
+    from qlinear.kernels.triton.qmm4 import qmm4_kernel
+    from qlinear.kernels.triton.qmm5 import _descriptor
+
+    descs = {"x_desc": _descriptor(torch.empty(256, 4096, dtype=torch.bfloat16), [block_m, block_k])}
     consts = dict(GS=128, ZC=8, HAS_Z=has_z, HAS_BIAS=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                   STAGES=4, SPLIT=split)
     ptrs = {"W": "*i32", "S": "*fp16", "Z": "*u8", "BIAS": "*bf16", "Y": "*bf16", "PART": "*fp32", "LOCK": "*i32"}
-    names = qmm4_kernel.arg_names
-    sig = {a: "constexpr" if a in consts else mangle_type(desc) if a == "x_desc" else ptrs.get(a, "i32")
-           for a in names}
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs or a in ("NP", "stride_ym")}
-    src = GluonASTSource(qmm4_kernel, sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-
+    return _sm90(qmm4_kernel, descs, consts, ptrs, {"num_warps": warps})
 
 
 def compile5(block_m: int, block_n: int, block_k: int, warps: int, split: bool, has_z: bool,
-              max_registers: int) -> object:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
+             max_registers: int) -> object:
     from qlinear.kernels.triton.qmm5 import _descriptor, qmm5_kernel
 
     tensors = {"x_desc": (torch.empty(256, 4096, dtype=torch.bfloat16), [block_m, block_k]),
@@ -67,14 +65,8 @@ def compile5(block_m: int, block_n: int, block_k: int, warps: int, split: bool, 
     consts = dict(GS=128, ZC=8, HAS_Z=has_z, HAS_BIAS=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                   STAGES=4, SPLIT=split, LOADER_REGS=40)
     ptrs = {"BIAS": "*bf16", "Y": "*bf16", "PART": "*fp32", "LOCK": "*i32"}
-    names = qmm5_kernel.arg_names
-    sig = {a: "constexpr" if a in consts else mangle_type(descs[a]) if a in descs else ptrs.get(a, "i32")
-           for a in names}
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs or a == "stride_ym"}
     options = {"num_warps": warps} | ({"maxnreg": max_registers} if max_registers else {})
-    src = GluonASTSource(qmm5_kernel, sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-
+    return _sm90(qmm5_kernel, descs, consts, ptrs, options)
 
 
 def main(out: Path) -> int:
