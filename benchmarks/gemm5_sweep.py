@@ -3,7 +3,6 @@ cuBLAS, Marlin and Machete, side by side in one run (``mid_m_sweep.py``: every c
 bit-identical).
 
     python3 benchmarks/gemm5_sweep.py [--shapes 4096x14336,...] [--m 16,64,128,256,1024] [--peers] [--json out]
-                                      [--stream-k off|also|only]
 
 Tiles: one consumer warpgroup (with or without a 128-register launch cap, which lets two CTAs share an SM) or
 two; 64- or 128-code steps, deeper rings for the shorter steps; up to 32 rows also 80- and 64-register caps
@@ -47,16 +46,8 @@ def tiles_for(m: int) -> list[tuple[int, ...]]:
 
 
 def main() -> int:
-    ap = arguments(__doc__, "16,64,128,256,1024")
-    ap.add_argument("--stream-k", choices=("off", "also", "only"), default="off",
-                    help="time each tile on the stream-K grid too (also) or only there (only)")
-    args = ap.parse_args()
-
-    def tiles(m: int) -> list[tuple[int, ...]]:
-        plain = [(*t, False) for t in tiles_for(m)] if args.stream_k != "only" else []
-        return plain + ([(*t, True) for t in tiles_for(m)] if args.stream_k != "off" else [])
-
-    return sweep(args, "gemm5", tiles, None)
+    args = arguments(__doc__, "16,64,128,256,1024").parse_args()
+    return sweep(args, "gemm5", tiles_for, None)
 
 
 if __name__ == "__main__":

@@ -37,10 +37,9 @@ M_VARIANT = ((1, "auto"), (4, "auto"), (1, "gemv_tc"), (5, "gemv_tc"), (8, "gemv
              (16, "skinny3"), (33, "gemm"), (128, "gemm"), (33, "gemm2"), (128, "gemm2"), (33, "gemm3"),
              (200, "gemm3"), (16, "gemm4"), (33, "gemm4"), (200, "gemm4"), (600, "gemm4"), (33, "gemm4@s7"),
              (16, "gemm5"), (33, "gemm5"), (200, "gemm5"), (600, "gemm5"), (33, "gemm5@s6"), (33, "gemm5@s7"),
-             (16, "gemm5@sk"), (33, "gemm5@sk"), (200, "gemm5@sk"), (600, "gemm5@sk"), (1024, "dense"))
+             (1024, "dense"))
 #: ``variant@sN``: the variant's config with split-K forced to N (on K = 2048, 128-code steps: 16 steps split 6
-#: ways leaves one step (odd) for the last CTA, 7 ways none: the gemm4/gemm5 pair padding and peeled pair);
-#: ``@sk``: on the stream-K grid (these small layers cut every tile into several segments of 1..4 steps)
+#: ways leaves one step (odd) for the last CTA, 7 ways none: the gemm4/gemm5 pair padding and peeled pair)
 
 
 def random_affine(n: int, k: int, bits: int, group: int, sym: bool, desc: bool, gen: torch.Generator) -> AffineWeight:
@@ -93,7 +92,7 @@ def check_layer(layer: TritonV2Linear, q: AffineWeight, bias: torch.Tensor | Non
         ref = x.double() @ w64.t() + (bias.double().to(dev) if bias is not None else 0)
         cfg = layer.config_for(m, dev, None if variant == "auto" else variant)
         if forced:
-            cfg = replace(cfg, stream_k=True, split_k=1) if forced == "k" else replace(cfg, split_k=int(forced))
+            cfg = replace(cfg, split_k=int(forced))
         if variant in ("dense", "auto"):  # auto: the layer's own choice by M (the shipped table)
             y1 = layer.matmul(x, config=cfg)
             y2 = layer.matmul(x, config=cfg)

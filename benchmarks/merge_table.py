@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 #: the fields a sweep's JSON states (a register cap only when set): the rest of an entry are variant flags
-TILE = ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages", "max_registers", "stream_k")
+TILE = ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages", "max_registers")
 TABLE = Path(__file__).resolve().parents[1] / "src/qlinear/kernels/triton/tuned_h200.json"
 
 

@@ -25,8 +25,8 @@ from qlinear.kernels.triton import configs
 from qlinear.kernels.triton.configs import Config
 from qlinear.kernels.triton.dequant import dense_t
 
-FIELDS = ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages", "max_registers", "stream_k")
-#: (block_m, block_n, block_k, warps, stages[, max_registers[, stream_k]]) tiles worth timing for M rows
+FIELDS = ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages", "max_registers")
+#: (block_m, block_n, block_k, warps, stages[, max_registers]) tiles worth timing for M rows
 Tiles = Callable[[int], list[tuple[int, ...]]]
 
 
@@ -43,8 +43,7 @@ def splits(m: int, n: int, k: int, bm: int, bn: int, bk: int) -> list[int]:
 
 def entry(c: Config, us: float) -> dict[str, object]:
     """A table entry: the config's fields (a register cap only when set) and its median time."""
-    return {f: getattr(c, f) for f in FIELDS if f not in ("max_registers", "stream_k") or getattr(c, f)} | {
-        "us": round(us, 2)}
+    return {f: getattr(c, f) for f in FIELDS if f != "max_registers" or c.max_registers} | {"us": round(us, 2)}
 
 
 def checked(p, r: int, c: Config, x: torch.Tensor, ref: torch.Tensor, reps: int) -> float | None:
@@ -120,12 +119,10 @@ def sweep(args: argparse.Namespace, variant: str, tiles: Tiles, shipped: str | N
             base = config(p, m, shipped)
             t_ship = checked(p, r, base, x, ref, args.reps)
             rows = []
-            for bm, bn, bk, wp, st, *extra in tiles(m):
-                sk = len(extra) > 1 and extra[1]
-                ks = [int(v) for v in args.splits.split(",")] if args.splits else splits(m, n, k, bm, bn, bk)
-                for s in [1] if sk else ks:  # stream-K splits every tile's K by itself
-                    c = configs.legal(Config(variant, bm, bn, bk, s, wp, st, max_registers=extra[0] if extra else 0,
-                                             stream_k=sk), m, p.kp, 4)
+            for bm, bn, bk, wp, st, *regs in tiles(m):
+                for s in [int(v) for v in args.splits.split(",")] if args.splits else splits(m, n, k, bm, bn, bk):
+                    c = configs.legal(Config(variant, bm, bn, bk, s, wp, st, max_registers=regs[0] if regs else 0),
+                                      m, p.kp, 4)
                     us = checked(p, r, c, x, ref, args.reps)
                     if us is not None:
                         rows.append((us, c))
@@ -136,8 +133,7 @@ def sweep(args: argparse.Namespace, variant: str, tiles: Tiles, shipped: str | N
             best, bc = rows[0]
             peer = min((v for kk, v in t_peer.items() if kk != "bf16" and v), default=None)
             top = ", ".join(f"{us:.1f} {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} st{c.num_stages} "
-                            f"s{c.split_k}{f' r{c.max_registers}' if c.max_registers else ''}{' sk' * c.stream_k}"
-                            for us, c in rows[:4])
+                            f"s{c.split_k}{f' r{c.max_registers}' if c.max_registers else ''}" for us, c in rows[:4])
             f = "{:.1f}".format
             print(f"| {k}x{n} | {m} | {f(t_peer['bf16']) if t_peer.get('bf16') else '-'} | "
                   f"{f(t_peer['marlin']) if t_peer.get('marlin') else '-'} | "

@@ -65,7 +65,6 @@ class Config:
     stage_x: bool = False  # gemv_tc: x loaded coalesced and dealt to the lanes through shared memory
     sum_values: int = 4  # gemv_tc: partial sums per thread per split the split-K epilogue holds at once
     vector_params: bool = False  # gemv_tc: a group's parameters loaded once per lane (4 columns) for both tiles
-    stream_k: bool = False  # gemm5: GPU-many CTAs split all tiles' K steps evenly (``qmm5_sk.py``); no split_k
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

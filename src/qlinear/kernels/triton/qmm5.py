@@ -49,26 +49,17 @@ def slot_rows(row_bytes: int) -> int:
 @gluon.jit
 def _loader(x_desc, w_desc, s_desc, z_desc, xs, ws, ss, zs, full, empty, m0, n0, kb0, steps2, GS: gl.constexpr,
             HAS_Z: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
-    _fill(x_desc, w_desc, s_desc, z_desc, xs, ws, ss, zs, full, empty, 0, m0, n0, kb0, steps2, GS, HAS_Z, BLOCK_K,
-          STAGES)
-
-
-@gluon.jit
-def _fill(x_desc, w_desc, s_desc, z_desc, xs, ws, ss, zs, full, empty, i0, m0, n0, kb0, steps2, GS: gl.constexpr,
-          HAS_Z: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
-    """K steps ``kb0 ..`` of the tile at ``(m0, n0)``: x tile, words and group rows into ring slots ``i0 ..`` once
-    the consumers released them. Past K (or the last group) TMA fills zeros; a pair's extra step inside K loads
-    real data the consumers zero."""
+    """Step ``i``'s x tile, words and group rows into slot ``i % STAGES`` once the consumers released it. Past
+    K (or the last group) TMA fills zeros; a pair's extra step inside K loads real data the consumers zero."""
     BKW: gl.constexpr = BLOCK_K // 8
     nbytes: gl.constexpr = (x_desc.block_type.nbytes + w_desc.block_type.nbytes + s_desc.block_type.nbytes
                             + (z_desc.block_type.nbytes if HAS_Z else 0))
-    for j in range(steps2):
-        i = i0 + j
+    for i in range(steps2):
         slot = i % STAGES
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes parity 1
         bar = full.index(slot)
         mbarrier.expect(bar, nbytes)
-        kb = kb0 + j
+        kb = kb0 + i
         g = kb * BLOCK_K // GS
         tma_load(x_desc, [m0, kb * BLOCK_K], bar, xs.index(slot))
         tma_load(w_desc, [kb * BKW, n0], bar, ws.index(slot))
@@ -85,17 +76,16 @@ def _row(ring, slot, r_layout: gl.constexpr, w_layout: gl.constexpr, BLOCK_N: gl
 
 
 @gluon.jit
-def _consume(acc, i, valid, xs, ws, ss, zs, full, empty, ZC: gl.constexpr, HAS_Z: gl.constexpr,
+def _consume(acc, i, steps, xs, ws, ss, zs, full, empty, ZC: gl.constexpr, HAS_Z: gl.constexpr,
              BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, a_layout: gl.constexpr,
              w_layout: gl.constexpr, r_layout: gl.constexpr):
-    """Ring step ``i``: dequantize slot ``i`` (while wgmma ``i - 1`` runs), issue wgmma ``i``, wait for ``i - 1``
-    and release its slot; ``valid`` False: a pair's extra step, which adds nothing. Called twice per loop body,
-    as gemm4's ``_step``, so each step's A registers are its own."""
+    """Step ``i``: dequantize slot ``i`` (while wgmma ``i - 1`` runs), issue wgmma ``i``, wait for ``i - 1`` and
+    release its slot. Called twice per loop body, as gemm4's ``_step``, so each step's A registers are its own."""
     slot = i % STAGES
     mbarrier.wait(full.index(slot), (i // STAGES) & 1)
     w = ws.index(slot).permute((1, 0)).load(w_layout)
     s = _row(ss, slot, r_layout, w_layout, BLOCK_N)
-    s = gl.where(valid, s, gl.zeros_like(s))
+    s = gl.where(i < steps, s, gl.zeros_like(s))  # a pair's extra step adds nothing
     z = _row(zs, slot, r_layout, w_layout, BLOCK_N) if HAS_Z else s
     a = _dequant(w, s, z, ZC, HAS_Z, BLOCK_N, BLOCK_K, a_layout, xs.dtype)
     acc = warpgroup_mma(a, xs.index(slot).permute((1, 0)), acc, is_async=True)
@@ -113,27 +103,18 @@ def _consumer(xs, ws, ss, zs, full, empty, steps, steps2, ZC: gl.constexpr, HAS_
     w_layout: gl.constexpr = code_layout(BLOCK_N, BLOCK_K // 8, NW)
     r_layout: gl.constexpr = row_layout(BLOCK_N, NW)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
-    acc = _run(acc, 0, steps, steps2, xs, ws, ss, zs, full, empty, ZC, HAS_Z, BLOCK_N, BLOCK_K, STAGES, a_layout,
-               w_layout, r_layout)
-    return (acc,)
-
-
-@gluon.jit
-def _run(acc, i0, steps, steps2, xs, ws, ss, zs, full, empty, ZC: gl.constexpr, HAS_Z: gl.constexpr,
-         BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, a_layout: gl.constexpr,
-         w_layout: gl.constexpr, r_layout: gl.constexpr):
-    """``steps2`` (even, >= 2) ring steps from ring position ``i0``, the first ``steps`` real; returns the settled
-    accumulator. The first pair is outside the loop: no path reaches the final wait with only the zeros."""
-    acc = _consume(acc, i0, steps > 0, xs, ws, ss, zs, full, empty, ZC, HAS_Z, BLOCK_N, BLOCK_K, STAGES, a_layout,
+    # the first pair outside the loop: no path reaches the final wait with only the zeros (see the docstring)
+    acc = _consume(acc, 0, steps, xs, ws, ss, zs, full, empty, ZC, HAS_Z, BLOCK_N, BLOCK_K, STAGES, a_layout,
                    w_layout, r_layout)
-    acc = _consume(acc, i0 + 1, steps > 1, xs, ws, ss, zs, full, empty, ZC, HAS_Z, BLOCK_N, BLOCK_K, STAGES,
-                   a_layout, w_layout, r_layout)
-    for j in range(2, steps2, 2):
-        acc = _consume(acc, i0 + j, j < steps, xs, ws, ss, zs, full, empty, ZC, HAS_Z, BLOCK_N, BLOCK_K, STAGES,
+    acc = _consume(acc, 1, steps, xs, ws, ss, zs, full, empty, ZC, HAS_Z, BLOCK_N, BLOCK_K, STAGES, a_layout,
+                   w_layout, r_layout)
+    for i in range(2, steps2, 2):
+        acc = _consume(acc, i, steps, xs, ws, ss, zs, full, empty, ZC, HAS_Z, BLOCK_N, BLOCK_K, STAGES, a_layout,
+                       w_layout, r_layout)
+        acc = _consume(acc, i + 1, steps, xs, ws, ss, zs, full, empty, ZC, HAS_Z, BLOCK_N, BLOCK_K, STAGES,
                        a_layout, w_layout, r_layout)
-        acc = _consume(acc, i0 + j + 1, j + 1 < steps, xs, ws, ss, zs, full, empty, ZC, HAS_Z, BLOCK_N, BLOCK_K,
-                       STAGES, a_layout, w_layout, r_layout)
-    return warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+    return (acc,)
 
 
 @gluon.jit
@@ -200,11 +181,6 @@ def qmm5(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lo
     s_desc = _descriptor(p.scales, [1, bn])
     z_desc = _descriptor(p.zeros, [1, bn]) if p.zeros is not None else s_desc
     tiles = triton.cdiv(m, bm) * triton.cdiv(p.n, bn)
-    if cfg.stream_k and lock is not None and tiles <= lock.numel():
-        from .qmm5_sk import launch_sk
-
-        sms = torch.cuda.get_device_properties(x2.device).multi_processor_count
-        return launch_sk((x_desc, w_desc, s_desc, z_desc), p, cfg, m, bias, lock, y, sms, LOADER_REGISTERS)
     split = cfg.split_k if lock is not None and tiles <= lock.numel() else 1
     part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
     qmm5_kernel[(tiles, split)](
