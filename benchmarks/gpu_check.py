@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from qlinear import Scheme
 from qlinear.affine import AffineWeight
+from qlinear.kernels.triton.configs import Config
 from qlinear.kernels.triton_awq import AwqGEMMTritonLinear
 from qlinear.kernels.triton_gptq import TritonV2Linear
 
@@ -37,9 +38,22 @@ M_VARIANT = ((1, "auto"), (4, "auto"), (1, "gemv_tc"), (5, "gemv_tc"), (8, "gemv
              (16, "skinny3"), (33, "gemm"), (128, "gemm"), (33, "gemm2"), (128, "gemm2"), (33, "gemm3"),
              (200, "gemm3"), (16, "gemm4"), (33, "gemm4"), (200, "gemm4"), (600, "gemm4"), (33, "gemm4@s7"),
              (16, "gemm5"), (33, "gemm5"), (200, "gemm5"), (600, "gemm5"), (33, "gemm5@s6"), (33, "gemm5@s7"),
-             (1024, "dense"))
+             (1100, "gemm5@t2"), (1024, "dense"))
 #: ``variant@sN``: the variant's config with split-K forced to N (on K = 2048, 128-code steps: 16 steps split 6
-#: ways leaves one step (odd) for the last CTA, 7 ways none: the gemm4/gemm5 pair padding and peeled pair)
+#: ways leaves one step (odd) for the last CTA, 7 ways none: the gemm4/gemm5 pair padding and peeled pair);
+#: ``gemm5@tN``: 64x64 tiles, one CTA an SM, the last wave's columns split N ways in a second launch (at M = 1100
+#: on 132 SMs: 18 M tiles, so N = 1536, 1000 and 512 leave 2, 2 and 1 columns of tiles to it, 777 none)
+
+
+def tail_fires(cfg: Config, m: int, layer: TritonV2Linear) -> bool:
+    """Whether gemm5 runs this call's last wave as a second, split launch (``qmm5.wave_tail``)."""
+    if cfg.variant != "gemm5" or cfg.tail_split < 2:
+        return False
+    from qlinear.kernels.triton.qmm5 import resident, wave_tail
+
+    p = layer.packed()
+    slots = torch.cuda.get_device_properties(p.qweight.device).multi_processor_count * resident(cfg, cfg.block_k, p)
+    return wave_tail(-(-m // cfg.block_m), -(-p.n // cfg.block_n), slots, cfg.tail_split) > 0
 
 
 def random_affine(n: int, k: int, bits: int, group: int, sym: bool, desc: bool, gen: torch.Generator) -> AffineWeight:
@@ -79,7 +93,7 @@ def check_layer(layer: TritonV2Linear, q: AffineWeight, bias: torch.Tensor | Non
     from qlinear.kernels.triton.qmv_tc import capability, tc_reasons
 
     for m, name in M_VARIANT:
-        variant, _, forced = name.partition("@s")
+        variant, _, forced = name.partition("@")
         if variants and variant not in variants:
             continue
         if variant in ("skinny3", "gemm3") and skinny3_reasons(layer.packed(), m, dtype, variant):
@@ -91,8 +105,11 @@ def check_layer(layer: TritonV2Linear, q: AffineWeight, bias: torch.Tensor | Non
         x = torch.randn(m, q.in_features, generator=gen).to(dev, dtype)
         ref = x.double() @ w64.t() + (bias.double().to(dev) if bias is not None else 0)
         cfg = layer.config_for(m, dev, None if variant == "auto" else variant)
-        if forced:
-            cfg = replace(cfg, split_k=int(forced))
+        if forced.startswith("s"):
+            cfg = replace(cfg, split_k=int(forced[1:]))
+        elif forced.startswith("t"):
+            cfg = replace(cfg, block_m=64, block_n=64, num_warps=4, max_registers=0, split_k=1,
+                          tail_split=int(forced[1:]))
         if variant in ("dense", "auto"):  # auto: the layer's own choice by M (the shipped table)
             y1 = layer.matmul(x, config=cfg)
             y2 = layer.matmul(x, config=cfg)
@@ -102,8 +119,11 @@ def check_layer(layer: TritonV2Linear, q: AffineWeight, bias: torch.Tensor | Non
 
             y1 = torch.full((m, q.out_features), float("nan"), dtype=dtype, device=dev)
             y2 = torch.full_like(y1, float("nan"))
-            qmm(x, layer.packed(), cfg, layer.bias, layer._rt_lock, out=y1)
-            qmm(x, layer.packed(), cfg, layer.bias, layer._rt_lock, out=y2)
+            r1 = qmm(x, layer.packed(), cfg, layer.bias, layer._rt_lock, out=y1)
+            r2 = qmm(x, layer.packed(), cfg, layer.bias, layer._rt_lock, out=y2)
+            if r1.data_ptr() != y1.data_ptr() or r1.shape != y1.shape or r2.shape != y2.shape:
+                out.append((m, variant, float("nan"), f"returned {tuple(r1.shape)}, not the output it wrote"))
+                continue
         sync(dev)
         err = float((y1.double() - ref).norm() / ref.norm())
         problem = ""
@@ -115,7 +135,9 @@ def check_layer(layer: TritonV2Linear, q: AffineWeight, bias: torch.Tensor | Non
             problem = "two runs differ (race?)"
         elif int(layer._rt_lock.abs().sum()):
             problem = "split-K counters not reset"
-        out.append((m, f"{variant}{'/split' + str(cfg.split_k) if cfg.split_k > 1 else ''}", err, problem))
+        tag = f"/split{cfg.split_k}" if cfg.split_k > 1 else ""
+        tag += f"/tail{cfg.tail_split}" if tail_fires(cfg, m, layer) else ""
+        out.append((m, variant + tag, err, problem))
     return out
 
 

@@ -16,8 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-#: the fields a sweep's JSON states (a register cap only when set): the rest of an entry are variant flags
-TILE = ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages", "max_registers")
+#: the fields a sweep's JSON states (a register cap and a tail split only when set): the rest are variant flags
+TILE = ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages", "max_registers", "tail_split")
 TABLE = Path(__file__).resolve().parents[1] / "src/qlinear/kernels/triton/tuned_h200.json"
 
 

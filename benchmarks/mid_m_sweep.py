@@ -25,7 +25,9 @@ from qlinear.kernels.triton import configs
 from qlinear.kernels.triton.configs import Config
 from qlinear.kernels.triton.dequant import dense_t
 
-FIELDS = ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages", "max_registers")
+FIELDS = ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages", "max_registers", "tail_split")
+#: fields an entry states only when they differ from ``Config``'s default
+OPTIONAL = {"max_registers": 0, "tail_split": 1}
 #: (block_m, block_n, block_k, warps, stages[, max_registers]) tiles worth timing for M rows
 Tiles = Callable[[int], list[tuple[int, ...]]]
 
@@ -42,8 +44,8 @@ def splits(m: int, n: int, k: int, bm: int, bn: int, bk: int) -> list[int]:
 
 
 def entry(c: Config, us: float) -> dict[str, object]:
-    """A table entry: the config's fields (a register cap only when set) and its median time."""
-    return {f: getattr(c, f) for f in FIELDS if f != "max_registers" or c.max_registers} | {"us": round(us, 2)}
+    """A table entry: the config's fields (a register cap and a tail split only when set) and its median time."""
+    return {f: getattr(c, f) for f in FIELDS if OPTIONAL.get(f) != getattr(c, f)} | {"us": round(us, 2)}
 
 
 def checked(p, r: int, c: Config, x: torch.Tensor, ref: torch.Tensor, reps: int) -> float | None:

@@ -65,6 +65,7 @@ class Config:
     stage_x: bool = False  # gemv_tc: x loaded coalesced and dealt to the lanes through shared memory
     sum_values: int = 4  # gemv_tc: partial sums per thread per split the split-K epilogue holds at once
     vector_params: bool = False  # gemv_tc: a group's parameters loaded once per lane (4 columns) for both tiles
+    tail_split: int = 1  # gemm5: a last grid wave this sparse runs as a second launch, split this many ways along K
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -216,7 +217,9 @@ def heuristic(variant: str, sms: int, m: int, n: int, k: int, bits: int, group: 
             else (128, 64, 128, 4, 4, 128))
         tiles = -(-m // bm) * -(-n // bn)
         split = min(16, _split(tiles, -(-k // bk), sms, 2 if regs else 1, 4))
-        return Config("gemm5", bm, bn, bk, split, warps, stages, max_registers=regs)
+        # a sparse last wave split two ways in a second launch (1.01x-1.08x where it applied:
+        # results/h200-wave-tail-2026-12-03.md); the launcher takes it only when those CTAs fit one wave
+        return Config("gemm5", bm, bn, bk, split, warps, stages, max_registers=regs, tail_split=2 if b > 256 else 1)
     if variant == "gemm2":  # wgmma tiles (64 rows per warpgroup), 8 warps
         bm = 64 if m <= 64 else 128
         bn = 128 if n >= 128 else max(32, 1 << (n - 1).bit_length())

@@ -180,13 +180,58 @@ def qmm5(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lo
     w_desc = _descriptor(p.qweight, [bk // 8, bn])
     s_desc = _descriptor(p.scales, [1, bn])
     z_desc = _descriptor(p.zeros, [1, bn]) if p.zeros is not None else s_desc
-    tiles = triton.cdiv(m, bm) * triton.cdiv(p.n, bn)
-    split = cfg.split_k if lock is not None and tiles <= lock.numel() else 1
-    part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
+    tiles_m, tiles_n = triton.cdiv(m, bm), triton.cdiv(p.n, bn)
+    split = cfg.split_k if lock is not None and tiles_m * tiles_n <= lock.numel() else 1
+    tail = 0
+    if split == 1 and lock is not None and cfg.tail_split > 1:
+        slots = torch.cuda.get_device_properties(x2.device).multi_processor_count * resident(cfg, bk, p)
+        tail = wave_tail(tiles_m, tiles_n, slots, cfg.tail_split)
+    descs = (x_desc, w_desc, s_desc, z_desc)
+    if not tail:
+        _launch(descs, p, cfg, m, p.n, split, bias, lock, y)
+        return y
+    c0 = (tiles_n - tail) * bn
+    _launch(descs, p, cfg, m, c0, 1, bias, lock, y)
+    cut = (_descriptor(p.qweight[:, c0:], [bk // 8, bn]), _descriptor(p.scales[:, c0:], [1, bn]))
+    z_cut = _descriptor(p.zeros[:, c0:], [1, bn]) if p.zeros is not None else cut[1]
+    _launch((x_desc, *cut, z_cut), p, cfg, m, p.n - c0, cfg.tail_split, bias[c0:] if bias is not None else None,
+            lock, y[:, c0:])
+    return y
+
+
+def wave_tail(tiles_m: int, tiles_n: int, slots: int, split: int) -> int:
+    """Column tiles to take out of the grid's last wave and run ``split`` ways along K in a second launch (0:
+    none). Tiles go M-first, so whole columns of tiles leave; worth it only when the CTAs the split makes of
+    them fit in one wave: 4096x14336 at M = 1024 makes 448 tiles of 256x128 for 132 SMs, three full waves and
+    52 tiles that would hold up a fourth for a whole tile's time; split two ways they take half of it."""
+    waves = tiles_m * tiles_n // slots
+    if split < 2 or waves < 1:
+        return 0
+    tail = tiles_n - waves * slots // tiles_m
+    return tail if 0 < tail * tiles_m * split <= slots else 0
+
+
+#: shared memory an SM offers its CTAs on sm_90 (227 KiB, less 1 KiB each CTA keeps)
+SM_SHARED = 227 * 1024
+
+
+def resident(cfg: Config, block_k: int, p: Packed) -> int:
+    """CTAs of a config an SM holds at once: two 4+4-warp CTAs under a 128-register cap, else one (168
+    registers a thread, offline SASS); fewer when their shared-memory rings do not fit."""
+    row = max(128, cfg.block_n * p.scales.element_size())  # one group row a slot, 128-byte aligned
+    ring = cfg.num_stages * (cfg.block_m * block_k * 2 + block_k // 8 * cfg.block_n * 4 + 2 * row)
+    return max(1, min(2 if cfg.max_registers else 1, SM_SHARED // (ring + 2048)))
+
+
+def _launch(descs: tuple, p: Packed, cfg: Config, m: int, n: int, split: int, bias: torch.Tensor | None,
+            lock: torch.Tensor | None, y: torch.Tensor) -> None:
+    """One grid over the first ``n`` output channels of ``y`` (a view from the first channel the descriptors
+    start at), split ``split`` ways along K."""
+    bm, bn, bk = cfg.block_m, cfg.block_n, descs[0].block_shape[1]
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    part = torch.empty((split, m, n), dtype=torch.float32, device=y.device) if split > 1 else y
     qmm5_kernel[(tiles, split)](
-        x_desc, w_desc, s_desc, z_desc, bias if bias is not None else y, y, part,
-        lock if lock is not None else p.qweight, m, p.n, p.kw, split, y.stride(0),
-        GS=p.group, ZC=p.zero_const, HAS_Z=p.zeros is not None, HAS_BIAS=bias is not None,
+        *descs, bias if bias is not None else y, y, part, lock if lock is not None else p.qweight, m, n, p.kw,
+        split, y.stride(0), GS=p.group, ZC=p.zero_const, HAS_Z=p.zeros is not None, HAS_BIAS=bias is not None,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=cfg.num_stages, SPLIT=split > 1, LOADER_REGS=LOADER_REGISTERS,
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}), num_warps=cfg.num_warps)
-    return y
