@@ -4,16 +4,21 @@ GPU (``benchmarks/gpu_check.py`` runs ``gemm5@t2``); here the launches are recor
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
 
-pytest.importorskip("triton.experimental.gluon")
-
-from qlinear.kernels.triton import qmm5
 from qlinear.kernels.triton.configs import Config
-from qlinear.kernels.triton.layout import build
+
+
+def _qmm5() -> ModuleType:
+    """``qmm5``, imported when a test runs: Triton imported at collection, before the interpreter test modules set
+    TRITON_INTERPRET, would decorate its own helpers for the compiler and break those modules' kernels."""
+    pytest.importorskip("triton.experimental.gluon")
+    from qlinear.kernels.triton import qmm5
+
+    return qmm5
 
 
 @pytest.mark.parametrize(("tiles_m", "tiles_n", "slots", "split", "expected"), [
@@ -27,10 +32,11 @@ from qlinear.kernels.triton.layout import build
 ])
 def test_wave_tail_takes_whole_columns_that_fit_one_wave_split(tiles_m: int, tiles_n: int, slots: int,
                                                                split: int, expected: int) -> None:
-    assert qmm5.wave_tail(tiles_m, tiles_n, slots, split) == expected
+    assert _qmm5().wave_tail(tiles_m, tiles_n, slots, split) == expected
 
 
 def test_resident_counts_two_ctas_only_under_the_register_cap() -> None:
+    qmm5 = _qmm5()
     p = SimpleNamespace(scales=torch.empty(1, dtype=torch.bfloat16))
     assert qmm5.resident(Config("gemm5", 64, 64, 128, 1, 4, 4, max_registers=128), 128, p) == 2
     assert qmm5.resident(Config("gemm5", 64, 64, 128, 1, 4, 4), 128, p) == 1
@@ -39,6 +45,8 @@ def test_resident_counts_two_ctas_only_under_the_register_cap() -> None:
 
 
 def _layer(n: int, k: int, zeros: bool) -> object:
+    from qlinear.kernels.triton.layout import build
+
     gen = torch.Generator().manual_seed(0)
     codes = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen)
     scales = torch.rand(n, k // 128, generator=gen) + 0.5
@@ -48,6 +56,7 @@ def _layer(n: int, k: int, zeros: bool) -> object:
 
 @pytest.mark.parametrize("zeros", [False, True])
 def test_tail_launch_gets_the_last_columns_of_every_tensor(monkeypatch: pytest.MonkeyPatch, zeros: bool) -> None:
+    qmm5 = _qmm5()
     p = _layer(1000, 256, zeros)
     assert (p.zeros is not None) == zeros
     m = 1100
