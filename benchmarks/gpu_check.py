@@ -141,6 +141,15 @@ def check_layer(layer: TritonV2Linear, q: AffineWeight, bias: torch.Tensor | Non
     return out
 
 
+def write_rows(out: str | None, rows: list[tuple[str, int, str, float, str]]) -> list[str]:
+    """The check table as markdown lines, also written to ``out`` when given."""
+    table = ["| layer | M | variant | rel err | result |", "| --- | --- | --- | --- | --- |"]
+    table += [f"| {name} | {m} | {v} | {err:.2e} | {problem or 'ok'} |" for name, m, v, err, problem in rows]
+    if out:
+        Path(out).write_text("\n".join(table) + "\n")
+    return table
+
+
 def sweep(full: bool, dev: torch.device, shapes: tuple[tuple[int, int], ...] = SHAPES,
           awq_shape: tuple[int, int] = (2048, 1000), budget: float = 1e9, out: str | None = None,
           bits: tuple[int, ...] = BITS, variants: tuple[str, ...] = ()) -> int:
@@ -170,6 +179,7 @@ def sweep(full: bool, dev: torch.device, shapes: tuple[tuple[int, int], ...] = S
             failures += bool(problem)
             rows.append((f"gptq {b}b g{g} {'sym' if sym else 'asym'}{' act' if desc else ''} "
                          f"{str(dtype)[6:]} {k}x{n}", m, v, err, problem))
+        write_rows(out, rows)  # after every layer: a run cut short by a timeout leaves what it checked
     for g, sym in ((128, False), (32, True), (-1, False), (64, True)):
         k, n = awq_shape
         q = random_affine(n, k, 4, g, sym, False, gen)
@@ -181,10 +191,8 @@ def sweep(full: bool, dev: torch.device, shapes: tuple[tuple[int, int], ...] = S
         for m, v, err, problem in check_layer(layer, q, None, torch.float16, gen, variants):
             failures += bool(problem)
             rows.append((f"awq 4b g{g} {'sym' if sym else 'asym'} float16 {k}x{n}", m, v, err, problem))
-    table = ["| layer | M | variant | rel err | result |", "| --- | --- | --- | --- | --- |"]
-    table += [f"| {name} | {m} | {v} | {err:.2e} | {problem or 'ok'} |" for name, m, v, err, problem in rows]
-    if out:
-        Path(out).write_text("\n".join(table) + "\n")
+        write_rows(out, rows)
+    table = write_rows(out, rows)
     # the console gets the failures and the worst error per variant (the full table can be long)
     print("\n".join(table[:2] + [t for t, r in zip(table[2:], rows) if r[4]]))
     worst: dict[str, float] = {}
