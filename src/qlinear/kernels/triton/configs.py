@@ -22,6 +22,7 @@ A config is chosen per call from the flattened row count M. Variants, each with 
   ``skinny2``/``gemm3``/``gemm2``/``dense``, which take the calls it cannot run.
 * ``gemm5``  gemm4 with a loader warp (``qmm5.py``, Gluon warp specialisation): x, codes and group rows arrive
   by TMA into shared-memory slots, the consumer warpgroups only dequantize and issue wgmma. Same limits.
+  ``tail_split``: a last wave of tiles that would leave most SMs idle runs as a second launch, split along K.
 * ``dense``  dequantize into a transient dense weight and call cuBLAS (large M).
 
 The table (``tuned_<device>.json``) is keyed by device name, then ``variant:m=<bucket>:n=:k=:b=:g=``;
