@@ -48,6 +48,12 @@ def entry(c: Config, us: float) -> dict[str, object]:
     return {f: getattr(c, f) for f in FIELDS if OPTIONAL.get(f) != getattr(c, f)} | {"us": round(us, 2)}
 
 
+def write_entries(path: str | None, found: dict[str, dict[str, object]]) -> None:
+    """A sweep's table entries as the JSON ``merge_table.py`` reads (nothing without a path)."""
+    if path:
+        Path(path).write_text(json.dumps({"devices": {torch.cuda.get_device_name(): {"configs": found}}}, indent=1))
+
+
 def checked(p, r: int, c: Config, x: torch.Tensor, ref: torch.Tensor, reps: int) -> float | None:
     """Microseconds, or None (printed why) when the config fails to launch or to match the reference."""
     try:
@@ -147,7 +153,5 @@ def sweep(args: argparse.Namespace, variant: str, tiles: Tiles, shipped: str | N
                 found[configs.table_key(base.variant, m, n, k, 4, p.group)] = entry(base, t_ship)
         del p, w, peers
         torch.cuda.empty_cache()
-    if args.json:
-        Path(args.json).write_text(json.dumps({"devices": {torch.cuda.get_device_name(): {"configs": found}}},
-                                              indent=1))
+    write_entries(args.json, found)
     return 0

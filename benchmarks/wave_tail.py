@@ -12,7 +12,6 @@ key's configs as a table entry for ``merge_table.py``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_linear import DEV, config, copies, gptq_qweight, our_weight, timed
 from gpu_peers import PEERS
-from mid_m_sweep import checked, entry
+from mid_m_sweep import checked, entry, write_entries
 from qlinear.kernels.triton import configs
 from qlinear.kernels.triton.dequant import dense_t
 from qlinear.kernels.triton.qmm5 import resident, wave_tail
@@ -81,9 +80,7 @@ def main() -> int:
             found[configs.table_key("gemm5", m, n, k, 4, p.group)] = entry(replace(base, tail_split=best), ran[best])
         del p, w, bf16
         torch.cuda.empty_cache()
-    if args.json:
-        Path(args.json).write_text(json.dumps({"devices": {torch.cuda.get_device_name(): {"configs": found}}},
-                                              indent=1))
+    write_entries(args.json, found)
     return 0
 
 
