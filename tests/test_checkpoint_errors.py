@@ -104,7 +104,8 @@ def test_unknown_quant_method(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("edit", "needle"), [
-    ({"quant_method": "fp8"}, "unsupported format: quant_method 'fp8' checkpoints are not read yet"),
+    ({"quant_method": "vptq"}, "unsupported format: quant_method 'vptq' checkpoints are not read yet"),
+    ({"quant_method": "fp8"}, "quant_method fp8 without weight_scale_method/weight_scale_semantics (GPTQModel)"),
     ({"checkpoint_format": "marlin", "format": "marlin"}, "unsupported format: gptq checkpoint_format 'marlin'"),
     ({"checkpoint_format": "gemm", "format": "gemm"}, "checkpoint_format 'gemm' is not a gptq format"),
 ])

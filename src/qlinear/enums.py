@@ -40,6 +40,7 @@ class METHOD(_LenientEnum):
     VPTQ = "vptq"
     PAROQUANT = "paroquant"
     EXL3 = "exl3"
+    COMPRESSED_TENSORS = "compressed-tensors"
 
 
 class FORMAT(_LenientEnum):
@@ -61,6 +62,15 @@ class FORMAT(_LenientEnum):
     VPTQ = "vptq"
     PAROQUANT = "paroquant"
     EXL3 = "exl3"
+    # transformers' fine-grained FP8 (DeepSeek-V3 style): FP8 weight and a float32 `weight_scale_inv` that MULTIPLIES
+    HF_FP8 = "hf_fp8"
+    # compressed-tensors (llm-compressor) storage formats, named as its configs write them
+    PACK_QUANTIZED = "pack-quantized"
+    NAIVE_QUANTIZED = "naive-quantized"
+    INT_QUANTIZED = "int-quantized"
+    FLOAT_QUANTIZED = "float-quantized"
+    NVFP4_PACK_QUANTIZED = "nvfp4-pack-quantized"
+    MXFP4_PACK_QUANTIZED = "mxfp4-pack-quantized"
 
 
 class BACKEND(_LenientEnum):
@@ -99,6 +109,9 @@ class BACKEND(_LenientEnum):
     GGUF_CPP_CPU = "gguf_cpp_cpu"
     GGUF_CPP_CUDA = "gguf_cpp_cuda"
     FP8_TORCH = "fp8_torch"
+    FP8_TRITON = "fp8_triton"  # qlinear's own: FP8 weight-only and W8A8 Triton kernels (no reference member)
+    FP4_TORCH = "fp4_torch"  # the reference's TorchFP4Linear, which has no member of its own there
+    FP4_TRITON = "fp4_triton"  # qlinear's own: NVFP4 / MXFP4 weight-only Triton kernels
     BITSANDBYTES = "bitsandbytes"
     QQQ = "qqq"
     QQQ_TORCH = "qqq_torch"

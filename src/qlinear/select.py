@@ -54,6 +54,12 @@ class Choice:
         group = "channelwise" if s.channelwise else f"g{s.group_size}"
         extra = "".join([" desc_act" if s.desc_act else "", " training" if p.training else "",
                          f" adapter={p.adapter}" if p.adapter else ""])
+        act = "" if s.activations is None else f" activations={s.activations.describe()}"
+        if s.element is not None:
+            return (f"{s.format.value} {s.element.value} block={s.scale_block or (1, s.group_size)}{act} "
+                    f"in={s.in_features} out={s.out_features} dtype={str(p.dtype).removeprefix('torch.')} "
+                    f"on {self.target}; backend={self.requested.value}")
+        extra += act
         if s.qtype:
             return (f"{s.format.value} {s.qtype} ({s.bits}-bit) in={s.in_features} out={s.out_features} "
                     f"dtype={str(p.dtype).removeprefix('torch.')} on {self.target}; backend={self.requested.value}")

@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 
+from .activations import ActQuant
 from .enums import FORMAT, METHOD
+from .floats import Element
 
 PACK_DTYPES: Mapping[str, torch.dtype] = {
     "int8": torch.int8,
@@ -31,16 +33,24 @@ METHOD_FORMATS: Mapping[METHOD, frozenset[FORMAT]] = {
     METHOD.AWQ: AWQ_FORMATS,
     METHOD.QQQ: frozenset({FORMAT.QQQ}),
     METHOD.GGUF: frozenset({FORMAT.GGUF}),
-    METHOD.FP8: frozenset({FORMAT.FP8}),
+    METHOD.FP8: frozenset({FORMAT.FP8, FORMAT.HF_FP8}),
     METHOD.BITSANDBYTES: frozenset({FORMAT.BITSANDBYTES}),
     METHOD.VPTQ: frozenset({FORMAT.VPTQ}),
     METHOD.PAROQUANT: frozenset({FORMAT.PAROQUANT}),
     METHOD.EXL3: frozenset({FORMAT.EXL3}),
+    METHOD.COMPRESSED_TENSORS: frozenset({FORMAT.PACK_QUANTIZED, FORMAT.NAIVE_QUANTIZED, FORMAT.INT_QUANTIZED,
+                                          FORMAT.FLOAT_QUANTIZED, FORMAT.NVFP4_PACK_QUANTIZED,
+                                          FORMAT.MXFP4_PACK_QUANTIZED}),
 }
 DEFAULT_FORMAT: Mapping[METHOD, FORMAT] = {
     METHOD.GPTQ: FORMAT.GPTQ,
     METHOD.AWQ: FORMAT.GEMM,
+    METHOD.FP8: FORMAT.FP8,
 }
+#: Formats whose codes are small floats (``Scheme.element`` names which), and those that may hold either.
+FLOAT_FORMATS = frozenset({FORMAT.FP8, FORMAT.HF_FP8, FORMAT.FLOAT_QUANTIZED, FORMAT.NVFP4_PACK_QUANTIZED,
+                           FORMAT.MXFP4_PACK_QUANTIZED})
+EITHER_FORMATS = frozenset({FORMAT.NAIVE_QUANTIZED})
 #: Formats whose checkpoints store int16 words (AWQ GEMV_FAST's interleaved nibbles); the rest default to int32.
 INT16_FORMATS = frozenset({FORMAT.GEMV_FAST, FORMAT.LLM_AWQ})
 #: Bits each AWQ layout can hold: GEMM words carry 32/b fields (2, 4, 8); the GEMV layouts are nibbles only.
@@ -213,6 +223,16 @@ class Scheme:
     format: FORMAT = FORMAT.GPTQ_V2
     pack_dtype: torch.dtype | str | None = None  # None: the format's default word (default_pack_dtype)
     qtype: str | None = None  # GGUF only: the GGML block type ("Q4_K"); logical bits alone do not name it
+    #: Float-quantized weights: the element format of the codes (None: integer codes).
+    element: Element | None = None
+    #: Rows x input columns one weight scale covers, for formats that record it (compressed-tensors' tensor,
+    #: channel, group and block strategies; FP8 blocks). None: one scale per output row and group.
+    scale_block: tuple[int, int] | None = None
+    #: How the checkpoint quantizes this layer's inputs at run time (None: it does not; weight-only).
+    activations: ActQuant | None = None
+    #: compressed-tensors before 0.18 packed ``32 // bits`` codes per int32 word (padded, never straddling);
+    #: from 0.18 one dense bit stream. Differs only for 3, 5, 6 and 7 bits.
+    legacy_packing: bool = False
 
     def __post_init__(self) -> None:
         for name in ("in_features", "out_features"):
@@ -234,6 +254,9 @@ class Scheme:
                 raise ConfigError(f"qtype {info.name} is a {info.bits}-bit GGUF block type; got method="
                                   f"{self.method.value}, bits={self.bits}")
             object.__setattr__(self, "qtype", info.name)
+        if self.scale_block is not None:
+            object.__setattr__(self, "scale_block", _block_of(self.scale_block))
+        _check_float(self)
         if self.group_size == -1 or self.group_size > self.in_features:
             object.__setattr__(self, "group_size", self.in_features)
 
@@ -252,6 +275,29 @@ class Scheme:
 
     def with_format(self, fmt: FORMAT | str) -> Scheme:
         return replace(self, format=FORMAT(fmt))
+
+
+def _block_of(block: object) -> tuple[int, int]:
+    if (not isinstance(block, (tuple, list)) or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        raise ConfigError(f"scale_block must be (rows, cols), two positive integers; got {block!r}")
+    return int(block[0]), int(block[1])
+
+
+def _check_float(s: Scheme) -> None:
+    """The element format agrees with the format and the bits (float formats need one, integer ones none)."""
+    if s.element is not None:
+        object.__setattr__(s, "element", Element(s.element))
+    if s.format in FLOAT_FORMATS and s.element is None:
+        raise ConfigError(f"format {s.format.value} holds float codes: name the element format "
+                          "(element='float8_e4m3fn', 'float8_e5m2' or 'float4_e2m1')")
+    if s.element is not None:
+        if s.format not in FLOAT_FORMATS | EITHER_FORMATS:
+            raise ConfigError(f"format {s.format.value} holds integer codes; got element={s.element.value}")
+        if s.bits != s.element.bits:
+            raise ConfigError(f"element {s.element.value} is {s.element.bits}-bit; got bits={s.bits}")
+    if s.activations is not None and not isinstance(s.activations, ActQuant):
+        raise ConfigError(f"activations must be an ActQuant or None; got {type(s.activations).__name__}")
 
 
 def method_of(fmt: FORMAT | str) -> METHOD:

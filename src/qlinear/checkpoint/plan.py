@@ -4,7 +4,8 @@ A plan says which modules are quantized, each one's resolved ``Scheme`` (shape t
 tensors, numbers from the config, GPTQModel ``dynamic`` overrides applied) and where every tensor
 lives. All structural problems (missing or extra tensors, shapes or dtypes that disagree with the
 config, unknown methods, unsupported formats) are found here and reported together, each naming
-the module and the tensor; loading, inspecting and converting all start from a plan.
+the module and the tensor; loading, inspecting and converting all start from a plan. GPTQ and AWQ
+modules are planned here; compressed-tensors ones in ``plan_ct`` and FP8 ones in ``plan_fp8``.
 """
 
 from __future__ import annotations
@@ -19,31 +20,27 @@ from typing import Any
 
 import torch
 
+from ..ct_config import CompressedTensorsConfig
 from ..enums import FORMAT, METHOD
 from ..layouts import awq, gptq
-from ..spec import ConfigError, QuantizeConfig, Scheme
+from ..spec import ConfigError, QuantizeConfig
+from . import plan_ct, plan_fp8
+from .module_plan import ModulePlan, bias_errors
 from .safetensors_io import CheckpointError, TensorInfo, read_header
 
 #: Formats whose safetensors checkpoints qlinear reads, per method.
-READABLE: Mapping[METHOD, tuple[FORMAT, ...]] = {METHOD.GPTQ: gptq.GPTQ_LAYOUT_FORMATS,
-                                                 METHOD.AWQ: awq.AWQ_LAYOUT_FORMATS}
+READABLE: Mapping[METHOD, tuple[FORMAT, ...]] = {
+    METHOD.GPTQ: gptq.GPTQ_LAYOUT_FORMATS, METHOD.AWQ: awq.AWQ_LAYOUT_FORMATS,
+    METHOD.FP8: (FORMAT.FP8, FORMAT.HF_FP8),
+    METHOD.COMPRESSED_TENSORS: (FORMAT.PACK_QUANTIZED, FORMAT.NAIVE_QUANTIZED, FORMAT.INT_QUANTIZED,
+                                FORMAT.FLOAT_QUANTIZED, FORMAT.NVFP4_PACK_QUANTIZED, FORMAT.MXFP4_PACK_QUANTIZED)}
 #: Leaf names that mark a module as quantized (``scales`` alone does not: plenty of float modules have one).
 MARKERS = frozenset({"qweight", "qzeros", "g_idx", "scaled_zeros"})
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 CONFIG_FILES = ("quantize_config.json", "quant_config.json")
 
 
-@dataclass(frozen=True)
-class ModulePlan:
-    """One quantized module: its scheme and its tensors (leaf name -> where it lives)."""
-
-    name: str
-    scheme: Scheme
-    tensors: Mapping[str, TensorInfo]
-
-    @property
-    def has_bias(self) -> bool:
-        return "bias" in self.tensors
+__all__ = ["READABLE", "CheckpointPlan", "ModulePlan", "plan_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -52,12 +49,14 @@ class CheckpointPlan:
 
     root: Path
     files: tuple[Path, ...]
-    config: QuantizeConfig
+    config: QuantizeConfig | CompressedTensorsConfig
     config_source: str
     quant_config: Mapping[str, Any]  # the quantization config as written
     model_config: Mapping[str, Any] | None  # config.json without quantization_config
     modules: Mapping[str, ModulePlan]
     other: Mapping[str, TensorInfo]
+    #: Tensors that belong to no layer qlinear serves and to no model weight (compressed-tensors KV-cache scales).
+    unused: Mapping[str, TensorInfo] = dataclasses.field(default_factory=dict)
 
 
 def _refuse_pickle(p: Path) -> CheckpointError:
@@ -125,8 +124,9 @@ def find_tensors(path: Path) -> tuple[Path, tuple[Path, ...], dict[str, TensorIn
     return root, files, tensors
 
 
-def read_config(root: Path) -> tuple[QuantizeConfig, str, dict[str, Any], dict[str, Any] | None]:
-    """The quantization config (quantize_config.json first, then config.json's quantization_config)."""
+def read_quant_config(root: Path) -> tuple[dict[str, Any], str, dict[str, Any] | None]:
+    """The quantization config as written (quantize_config.json first, then config.json's), its source and
+    config.json without it."""
     model_config = _read_json(root / "config.json") if (root / "config.json").is_file() else None
     if model_config is not None and not isinstance(model_config, dict):
         raise CheckpointError(f"{root / 'config.json'}: expected a JSON object")
@@ -142,16 +142,30 @@ def read_config(root: Path) -> tuple[QuantizeConfig, str, dict[str, Any], dict[s
                               "quantization_config in config.json (is this a quantized checkpoint?)")
     if not isinstance(raw, dict):
         raise CheckpointError(f"{root}/{source}: expected a JSON object, got {type(raw).__name__}")
+    base = None if model_config is None else {k: v for k, v in model_config.items() if k != "quantization_config"}
+    return raw, source, base
+
+
+def config_method(raw: Mapping[str, Any], where: str) -> METHOD | None:
+    """The config's quant_method (None when it names none: GPTQ/AWQ configs of older tools)."""
     method = raw.get("quant_method")
-    if method is not None:
-        try:
-            method = METHOD(method)
-        except ValueError:
-            raise CheckpointError(f"{root}/{source}: unknown quant_method {raw['quant_method']!r}; qlinear knows "
-                                  f"{', '.join(m.value for m in METHOD)}") from None
-        if method not in READABLE:
-            raise CheckpointError(f"{root}/{source}: unsupported format: quant_method {method.value!r} checkpoints "
-                                  f"are not read yet; qlinear reads {_readable()}")
+    if method is None:
+        return None
+    try:
+        method = METHOD(method)
+    except ValueError:
+        raise CheckpointError(f"{where}: unknown quant_method {raw['quant_method']!r}; qlinear knows "
+                              f"{', '.join(m.value for m in METHOD)}") from None
+    if method not in READABLE:
+        raise CheckpointError(f"{where}: unsupported format: quant_method {method.value!r} checkpoints "
+                              f"are not read yet; qlinear reads {_readable()}")
+    return method
+
+
+def read_config(root: Path) -> tuple[QuantizeConfig, str, dict[str, Any], dict[str, Any] | None]:
+    """A GPTQ/AWQ checkpoint's config (see ``read_quant_config``), as a ``QuantizeConfig``."""
+    raw, source, base = read_quant_config(root)
+    config_method(raw, f"{root}/{source}")
     try:
         config = QuantizeConfig.from_hf_config(raw)
     except (ConfigError, ValueError) as err:
@@ -159,7 +173,6 @@ def read_config(root: Path) -> tuple[QuantizeConfig, str, dict[str, Any], dict[s
     if config.checkpoint_format not in READABLE.get(config.method, ()):
         raise CheckpointError(f"{root}/{source}: unsupported format: {config.method.value} checkpoint_format "
                               f"{config.checkpoint_format.value!r}; qlinear reads {_readable()}")
-    base = None if model_config is None else {k: v for k, v in model_config.items() if k != "quantization_config"}
     return config, source, raw, base
 
 
@@ -230,26 +243,17 @@ def plan_module(name: str, leaves: Mapping[str, TensorInfo], config: QuantizeCon
         if info.shape != shape or info.dtype not in ok:
             errors.append(f"{name}.{leaf}: found {info.describe()}, but the config says shape {list(shape)} "
                           f"dtype {' or '.join(map(str, ok))} ({desc})")
-    bias = leaves.get("bias")
-    if bias is not None and (bias.shape != (n,) or bias.dtype is None or not bias.dtype.is_floating_point):
-        errors.append(f"{name}.bias: found {bias.describe()}, expected a floating tensor of shape [{n}]")
+    errors += bias_errors(name, leaves, n)
     if errors:
         raise CheckpointError("\n".join(errors))
     return ModulePlan(name, scheme, dict(leaves))
 
 
-def plan_checkpoint(path: str | Path) -> CheckpointPlan:
-    """The structure of a safetensors checkpoint (file or directory); raises listing every problem found."""
-    root, files, tensors = find_tensors(Path(path))
-    config, source, raw, model_config = read_config(root)
-    groups: dict[str, dict[str, TensorInfo]] = {}
-    for full, info in tensors.items():
-        mod, _, leaf = full.rpartition(".")
-        groups.setdefault(mod, {})[leaf] = info
-    quantized = sorted(mod for mod, leaves in groups.items() if MARKERS & leaves.keys())
+def _plan_gptq_awq(root: Path, groups: Mapping[str, Mapping[str, TensorInfo]], config: QuantizeConfig,
+                   source: str) -> tuple[dict[str, ModulePlan], list[str]]:
     modules: dict[str, ModulePlan] = {}
     errors: list[str] = []
-    for mod in quantized:
+    for mod in sorted(m for m, leaves in groups.items() if MARKERS & leaves.keys()):
         try:
             cfg = module_config(config, mod)
             if cfg is None:
@@ -258,8 +262,35 @@ def plan_checkpoint(path: str | Path) -> CheckpointPlan:
             modules[mod] = plan_module(mod, groups[mod], cfg, source)
         except CheckpointError as err:
             errors.append(str(err))
+    return modules, errors
+
+
+def plan_checkpoint(path: str | Path) -> CheckpointPlan:
+    """The structure of a safetensors checkpoint (file or directory); raises listing every problem found."""
+    root, files, tensors = find_tensors(Path(path))
+    raw, source, model_config = read_quant_config(root)
+    where = f"{root}/{source}"
+    method = config_method(raw, where)
+    groups: dict[str, dict[str, TensorInfo]] = {}
+    for full, info in tensors.items():
+        mod, _, leaf = full.rpartition(".")
+        groups.setdefault(mod, {})[leaf] = info
+    unused: dict[str, TensorInfo] = {}
+    try:
+        if method is METHOD.COMPRESSED_TENSORS:
+            config: QuantizeConfig | CompressedTensorsConfig = CompressedTensorsConfig.from_hf_config(raw, where)
+            modules, unused, errors = plan_ct.plan_modules(groups, config, where)
+        elif method is METHOD.FP8:
+            fmt = plan_fp8.fp8_format(raw, where)
+            config = QuantizeConfig(bits=8, group_size=-1, method=METHOD.FP8, checkpoint_format=fmt, extra=raw)
+            modules, errors = plan_fp8.plan_modules(groups, raw, where)
+        else:
+            config, source, raw, model_config = read_config(root)
+            modules, errors = _plan_gptq_awq(root, groups, config, source)
+    except ConfigError as err:
+        raise CheckpointError(f"{where}: {err}" if not str(err).startswith(str(root)) else str(err)) from None
     if errors:
         raise CheckpointError(f"{root}: {len(errors)} quantized module(s) do not match the config:\n"
                               + "\n".join(errors))
-    other = {k: v for k, v in tensors.items() if k.rpartition(".")[0] not in modules}
-    return CheckpointPlan(root, files, config, source, raw, model_config, modules, other)
+    other = {k: v for k, v in tensors.items() if k.rpartition(".")[0] not in modules and k not in unused}
+    return CheckpointPlan(root, files, config, source, raw, model_config, modules, other, unused)

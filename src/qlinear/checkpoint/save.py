@@ -24,7 +24,8 @@ from torch import nn
 from ..convert import ConversionError, convert_tensors
 from ..enums import FORMAT, METHOD
 from ..kernels.base import QuantLinear
-from ..spec import QuantizeConfig, Scheme
+from ..spec import QuantizeConfig, Scheme, method_of
+from .config_write import ct_config, fp8_config
 from .safetensors_io import CheckpointError, write_file
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
@@ -128,6 +129,18 @@ def quantization_config(schemes: Mapping[str, Scheme], version: str,
     return out
 
 
+def config_for(schemes: Mapping[str, Scheme], version: str, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The quantization config of a checkpoint holding these modules, in their format family's own terms."""
+    if not schemes:
+        raise CheckpointError("nothing to save: no quantized modules")
+    method = method_of(next(iter(schemes.values())).format)
+    if method is METHOD.COMPRESSED_TENSORS:
+        return ct_config(schemes)
+    if method is METHOD.FP8:
+        return fp8_config(schemes)
+    return quantization_config(schemes, version, meta)
+
+
 def _shards(tensors: Mapping[str, torch.Tensor], limit: int) -> list[dict[str, torch.Tensor]]:
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -154,7 +167,9 @@ def _write_all(tmp: Path, tensors: Mapping[str, torch.Tensor], quant: Mapping[st
             weight_map.update(dict.fromkeys(shard, fname))
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    (tmp / "quantize_config.json").write_text(json.dumps(quant, indent=2) + "\n")
+    # compressed-tensors and FP8 checkpoints keep their config in config.json only (as their producers write them)
+    if config is None or quant.get("quant_method") not in ("compressed-tensors", "fp8"):
+        (tmp / "quantize_config.json").write_text(json.dumps(quant, indent=2) + "\n")
     if config is not None:
         (tmp / "config.json").write_text(json.dumps({**config, "quantization_config": quant}, indent=2) + "\n")
     for f in map(Path, extra_files):
@@ -211,7 +226,7 @@ def save_checkpoint(layers_or_model: Mapping[str, QuantLinear] | nn.Module, out_
     for name, (t, _) in converted.items():
         for leaf, value in t.items():
             tensors[f"{name}.{leaf}"] = value
-    quant = quantization_config({n: s for n, (_, s) in converted.items()}, __version__)
+    quant = config_for({n: s for n, (_, s) in converted.items()}, __version__)
     if config is None and isinstance(layers_or_model, nn.Module) and hasattr(layers_or_model, "config"):
         to_dict = getattr(layers_or_model.config, "to_dict", None)
         config = to_dict() if callable(to_dict) else None
@@ -243,9 +258,13 @@ def convert_checkpoint(src: str | Path, dst: str | Path, format: FORMAT | str, *
     tensors = {name: read_tensor(info) for name, info in plan.other.items()}
     for name, (t, _) in converted.items():
         tensors.update({f"{name}.{leaf}": value for leaf, value in t.items()})
-    meta = plan.quant_config.get("meta")
-    quant = quantization_config({n: s for n, (_, s) in converted.items()}, __version__,
-                                meta if isinstance(meta, Mapping) else None)
+    if all(s == plan.modules[n].scheme for n, (_, s) in converted.items()):
+        quant = dict(plan.quant_config)  # nothing changed: the config as written, so the copy is byte for byte
+        tensors.update({name: read_tensor(info) for name, info in plan.unused.items()})
+    else:
+        meta = plan.quant_config.get("meta")
+        quant = config_for({n: s for n, (_, s) in converted.items()}, __version__,
+                           meta if isinstance(meta, Mapping) else None)
     carried = [] if Path(src).is_file() else sorted(
         p for p in plan.root.iterdir() if p.is_file() and not _OWN_FILES.fullmatch(p.name))
     return write_checkpoint(tensors, quant, dst, config=plan.model_config, extra_files=carried,

@@ -13,6 +13,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from ..activations import ActQuant, quantize_dequantize
 from ..affine import AffineWeight
 from ..caps import Caps, Problem
 from ..enums import BACKEND
@@ -73,6 +74,13 @@ class QuantLinear(nn.Module):
         return []
 
     @classmethod
+    def realises(cls, act: ActQuant) -> bool:
+        """Does this kernel multiply activations quantized as ``act`` natively? Those it does not get
+        ``activations.quantize_dequantize`` on their inputs first (a forward pre-hook), so every kernel
+        computes what a W8A8 / W4A4 checkpoint means."""
+        return False
+
+    @classmethod
     def describe_runs(cls, problem: Problem, target: Target) -> str:
         """How this kernel would run ``problem`` on ``target`` (its paths by batch size, what an optional
         extra would change), for ``explain()``; empty when there is one path and nothing to add."""
@@ -102,6 +110,12 @@ class QuantLinear(nn.Module):
         self.choice = None  # set by QuantLinear.create(): the selector's Choice, for explain()
         self._runtime_key: tuple[object, ...] | None = None
         self.register_checkpoint_buffers(bias)
+        act = scheme.activations
+        if act is not None:
+            for name in act.tensor_names:  # calibrated activation scales the checkpoint stores with the layer
+                self.register_buffer(name, torch.ones(1, dtype=torch.float32))
+            if not self.realises(act):
+                self.register_forward_pre_hook(_quantize_inputs)
 
     @property
     def in_features(self) -> int:
@@ -140,6 +154,13 @@ class QuantLinear(nn.Module):
     def affine(self) -> AffineWeight:
         """Decode the checkpoint buffers to the canonical form (true zeros, ``[N, G]`` scales)."""
         raise NotImplementedError
+
+    def _load_from_state_dict(self, state_dict: dict[str, object], prefix: str, *args: object,
+                              **kwargs: object) -> None:
+        act = self.scheme.activations
+        if act is not None:
+            adopt_dtypes(self, state_dict, prefix, act.tensor_names, (torch.float32, torch.bfloat16, torch.float16))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def checkpoint_tensors(self) -> list[torch.Tensor | None]:
         """The tensors runtime state is derived from (their identity keys the runtime cache)."""
@@ -185,6 +206,25 @@ class QuantLinear(nn.Module):
 
         return create_layer(q, format=format, backend=backend, device=device, dtype=dtype, bias=bias,
                             pack_dtype=pack_dtype)
+
+
+def _quantize_inputs(layer: QuantLinear, args: tuple[object, ...]) -> tuple[object, ...]:
+    """Forward pre-hook: the layer's inputs as its checkpoint's activation quantization sees them."""
+    x, *rest = args
+    act = layer.scheme.activations
+    return (quantize_dequantize(x, act, getattr(layer, "input_scale", None),
+                                getattr(layer, "input_global_scale", None)), *rest)
+
+
+def adopt_dtypes(module: nn.Module, state_dict: dict[str, object], prefix: str, names: tuple[str, ...],
+                 allowed: tuple[torch.dtype, ...]) -> None:
+    """Before a state-dict load: let buffers ``names`` take the incoming tensor's dtype where it is in ``allowed``,
+    so loading keeps a checkpoint's bfloat16 / float32 values instead of rounding them into the default dtype."""
+    for name in names:
+        t, mine = state_dict.get(prefix + name), getattr(module, name, None)
+        if isinstance(t, torch.Tensor) and isinstance(mine, torch.Tensor) and t.dtype in allowed \
+                and t.dtype != mine.dtype:
+            setattr(module, name, torch.zeros_like(mine, dtype=t.dtype))
 
 
 class PlannedKernel(QuantLinear):

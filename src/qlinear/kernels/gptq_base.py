@@ -12,7 +12,7 @@ from ..affine import AffineWeight
 from ..enums import FORMAT
 from ..layouts import gptq, planar
 from ..spec import word_bits
-from .base import QuantLinear
+from .base import QuantLinear, adopt_dtypes
 
 
 class GPTQQuantLinear(QuantLinear):
@@ -23,6 +23,13 @@ class GPTQQuantLinear(QuantLinear):
             self.register_buffer(name, torch.zeros(shape, dtype=dtype))
         self.g_idx.copy_(torch.arange(self.in_features, dtype=torch.int32) // self.scheme.group_size)
         self.register_buffer("bias", torch.zeros(self.out_features, dtype=torch.float16) if bias else None)
+
+    def _load_from_state_dict(self, state_dict: dict[str, object], prefix: str, *args: object,
+                              **kwargs: object) -> None:
+        # GPTQ checkpoints store float16 scales; a layout re-encoded in memory at load (compressed-tensors'
+        # bfloat16 scales) keeps its own: adopt the incoming dtype instead of rounding into float16.
+        adopt_dtypes(self, state_dict, prefix, ("scales",), gptq.SCALE_DTYPES)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def load_affine(self, q: AffineWeight, bias: torch.Tensor | None = None) -> None:
         self.check_fits(q)

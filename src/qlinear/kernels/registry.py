@@ -23,6 +23,8 @@ FAMILIES: tuple[str, ...] = (
     "gguf_torch",
     "gguf_triton",
     "gguf_ggml",
+    "torch_float",
+    "triton_float",
 )
 
 

@@ -32,6 +32,9 @@ from .bitpack import pack_bits, packed_length, unpack_bits, word_bits_of
 from .tensors import require_tensors
 
 CONTINUOUS_BITS = (2, 3, 4, 8)
+#: Scale dtypes a GPTQ layout may hold: checkpoints on disk use float16; a layout re-encoded in memory from
+#: another format (compressed-tensors' bfloat16 or float32 scales) keeps that format's scales exactly.
+SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 GPTQ_LAYOUT_FORMATS = (FORMAT.GPTQ, FORMAT.GPTQ_V2, FORMAT.GPTQ_P)
 
 
@@ -144,17 +147,20 @@ def _format(fmt: FORMAT | str) -> FORMAT:
     return fmt
 
 
-def _fp16_scales(scales_ng: torch.Tensor) -> torch.Tensor:
-    out = scales_ng.detach().t().to(torch.float16).clone(memory_format=torch.contiguous_format)
+def _scales(scales_ng: torch.Tensor, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    if dtype not in SCALE_DTYPES:
+        raise ValueError(f"scale_dtype: expected one of {', '.join(map(str, SCALE_DTYPES))}, got {dtype}")
+    out = scales_ng.detach().t().to(dtype).clone(memory_format=torch.contiguous_format)
     if out.numel() and not bool(torch.isfinite(out).all()):
         g, n = (~torch.isfinite(out)).nonzero()[0].tolist()
         raise ValueError(f"scales: {scales_ng[n, g].item()} at (out column {n}, group {g}) is not finite as "
-                         "float16, the dtype GPTQ checkpoints store scales in")
+                         f"{dtype}, the dtype these GPTQ scales are stored in")
     return out
 
 
-def to_checkpoint(q: AffineWeight, fmt: FORMAT | str, pack_dtype: torch.dtype = torch.int32) -> dict[str, torch.Tensor]:
-    """The checkpoint tensors ``qweight``, ``qzeros``, ``scales`` (float16), ``g_idx`` (int32) of ``q``.
+def to_checkpoint(q: AffineWeight, fmt: FORMAT | str, pack_dtype: torch.dtype = torch.int32,
+                  scale_dtype: torch.dtype = torch.float16) -> dict[str, torch.Tensor]:
+    """The checkpoint tensors ``qweight``, ``qzeros``, ``scales`` (float16 unless asked), ``g_idx`` (int32) of ``q``.
 
     ``gptq`` writes v1 zero points, ``gptq_v2`` true ones, ``gptq_p`` planar words with true zeros.
     """
@@ -169,7 +175,7 @@ def to_checkpoint(q: AffineWeight, fmt: FORMAT | str, pack_dtype: torch.dtype = 
     else:
         qweight = pack_qweight(codes_kn, q.bits, pack_dtype)
         qzeros = pack_qzeros(zeros_gn, q.bits, pack_dtype, v1=fmt is FORMAT.GPTQ)
-    return {"qweight": qweight, "qzeros": qzeros, "scales": _fp16_scales(q.scales),
+    return {"qweight": qweight, "qzeros": qzeros, "scales": _scales(q.scales, scale_dtype),
             "g_idx": q.g_idx.detach().to(torch.int32).clone(memory_format=torch.contiguous_format)}
 
 
@@ -188,7 +194,7 @@ def from_checkpoint(tensors: Mapping[str, torch.Tensor], scheme: Scheme) -> Affi
     if scheme.method is not METHOD.GPTQ:
         raise ValueError(f"scheme: expected method 'gptq', got {scheme.method.value!r}")
     fmt = _format(scheme.format)
-    require_tensors(tensors, checkpoint_shapes(scheme), scheme)
+    require_tensors(tensors, checkpoint_shapes(scheme), scheme, {"scales": SCALE_DTYPES[1:]})
     g_idx = tensors["g_idx"]
     if g_idx.numel() and (int(g_idx.min()) < 0 or int(g_idx.max()) >= scheme.num_groups):
         raise ValueError(f"g_idx: group ids must be in 0..{scheme.num_groups - 1}; "
