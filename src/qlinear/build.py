@@ -56,7 +56,8 @@ def float_scheme_of(w: FloatWeight, fmt: FORMAT | str | None = None, activations
     fmt = FORMAT(fmt)
     return Scheme(bits=w.element.bits, group_size=min(w.block[1], w.in_features), in_features=w.in_features,
                   out_features=w.out_features, method=method_of(fmt), format=fmt, element=w.element,
-                  scale_block=w.block, activations=activations)
+                  scale_block=w.block, activations=activations,
+                  per_tensor_scale=w.block == (w.out_features, w.in_features))
 
 
 def create_float_layer(w: FloatWeight, *, format: FORMAT | str | None = None,

@@ -112,8 +112,10 @@ def target_scheme(scheme: Scheme, to: FORMAT, pack_dtype: torch.dtype | None = N
         block = block or (1, scheme.group_size)
     elif method in (METHOD.GPTQ, METHOD.AWQ):
         block = None
+    per_tensor = scheme.per_tensor_scale and block is not None
     return replace(scheme, method=method, format=to, pack_dtype=pack_dtype, scale_block=block,
-                   desc_act=scheme.desc_act and method is not METHOD.AWQ, legacy_packing=False,
+                   per_tensor_scale=per_tensor, desc_act=scheme.desc_act and method is not METHOD.AWQ,
+                   legacy_packing=False,
                    group_size=min((block or (1, scheme.group_size))[1], scheme.in_features))
 
 

@@ -219,6 +219,7 @@ class CompressedTensorsConfig:
         return Scheme(bits=w.num_bits, group_size=min(block[1], in_features), in_features=in_features,
                       out_features=out_features, sym=w.symmetric, desc_act=desc_act,
                       method=METHOD.COMPRESSED_TENSORS, format=fmt, element=element, scale_block=block,
+                      per_tensor_scale=w.strategy == "tensor",
                       activations=act_quant(group.inputs, where),
                       legacy_packing=self.version is not None and self.version < DENSE_PACKING_FROM)
 

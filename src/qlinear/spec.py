@@ -228,6 +228,9 @@ class Scheme:
     #: Rows x input columns one weight scale covers, for formats that record it (compressed-tensors' tensor,
     #: channel, group and block strategies; FP8 blocks). None: one scale per output row and group.
     scale_block: tuple[int, int] | None = None
+    #: One scale for the whole weight, stored as a single value (compressed-tensors' "tensor" strategy, GPTQModel
+    #: FP8's "tensor" method): ``scale_block`` is then ``(out, in)``, which a "block" strategy may also be.
+    per_tensor_scale: bool = False
     #: How the checkpoint quantizes this layer's inputs at run time (None: it does not; weight-only).
     activations: ActQuant | None = None
     #: compressed-tensors before 0.18 packed ``32 // bits`` codes per int32 word (padded, never straddling);
@@ -256,6 +259,9 @@ class Scheme:
             object.__setattr__(self, "qtype", info.name)
         if self.scale_block is not None:
             object.__setattr__(self, "scale_block", _block_of(self.scale_block))
+        if self.per_tensor_scale and self.scale_block != (self.out_features, self.in_features):
+            raise ConfigError(f"per_tensor_scale needs scale_block ({self.out_features}, {self.in_features}); "
+                              f"got {self.scale_block}")
         _check_float(self)
         if self.group_size == -1 or self.group_size > self.in_features:
             object.__setattr__(self, "group_size", self.in_features)

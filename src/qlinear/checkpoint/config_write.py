@@ -24,8 +24,8 @@ CT_LAYOUT_VERSION = "0.18.0"
 
 def _strategy(s: Scheme) -> tuple[str, dict[str, Any]]:
     block = s.scale_block or (1, s.group_size)
-    n, k = s.out_features, s.in_features
-    if block == (n, k) and n > 1:
+    k = s.in_features
+    if s.per_tensor_scale:
         return "tensor", {"group_size": None}
     if block == (1, k):
         return "channel", {"group_size": None}
@@ -88,8 +88,7 @@ def fp8_config(schemes: Mapping[str, Scheme]) -> dict[str, Any]:
     if first.format is FORMAT.HF_FP8:
         return {"quant_method": "fp8", "fmt": "e4m3" if first.element.value.endswith("e4m3fn") else "e5m2",
                 "activation_scheme": "dynamic", "weight_block_size": list(block)}
-    method = "tensor" if block == (first.out_features, first.in_features) else (
-        "row" if block == (1, first.in_features) else "block")
+    method = "tensor" if first.per_tensor_scale else ("row" if block == (1, first.in_features) else "block")
     return {"quant_method": "fp8", "bits": 8, "format": first.element.value, "checkpoint_format": "fp8",
             "weight_scale_method": method, "weight_block_size": list(block) if method == "block" else None,
             "weight_scale_semantics": "inverse", "group_size": -1, "desc_act": False, "sym": True}
@@ -97,7 +96,7 @@ def fp8_config(schemes: Mapping[str, Scheme]) -> dict[str, Any]:
 
 def _block_of(first: Scheme, s: Scheme) -> tuple[int, int] | None:
     """``s``'s block, stated in ``first``'s terms where the two are the same strategy on different shapes."""
-    if first.scale_block == (first.out_features, first.in_features):
+    if first.per_tensor_scale:
         return (s.out_features, s.in_features) if s.scale_block == (s.out_features, s.in_features) else s.scale_block
     if first.scale_block == (1, first.in_features):
         return (1, first.in_features) if s.scale_block == (1, s.in_features) else s.scale_block

@@ -87,7 +87,7 @@ def fp8_scheme(fmt: FORMAT, raw: Mapping[str, Any], name: str, out_features: int
     f = _fields(raw, name)
     element = _element(f.get("fmt") if fmt is FORMAT.HF_FP8 else f.get("format", f.get("fmt")), source)
     block = _block(f.get("weight_block_size"), source)
-    act = None
+    act, method = None, "block"
     if fmt is FORMAT.FP8:
         method = str(f.get("weight_scale_method") or ("block" if block else "row")).lower()
         if method not in ("tensor", "row", "block") or (method == "block") != (block is not None):
@@ -105,7 +105,8 @@ def fp8_scheme(fmt: FORMAT, raw: Mapping[str, Any], name: str, out_features: int
         act = ActQuant(bits=8, element=Element.E4M3, strategy=ActStrategy.GROUP, scales=ActScales.DYNAMIC,
                        group_size=block[1])
     return Scheme(bits=8, group_size=min(block[1], in_features), in_features=in_features, out_features=out_features,
-                  method=METHOD.FP8, format=fmt, element=element, scale_block=block, activations=act)
+                  method=METHOD.FP8, format=fmt, element=element, scale_block=block, activations=act,
+                  per_tensor_scale=fmt is FORMAT.FP8 and method == "tensor")
 
 
 def plan_modules(groups: Mapping[str, Mapping[str, TensorInfo]], raw: Mapping[str, Any],

@@ -30,6 +30,11 @@ DTYPES: Mapping[str, torch.dtype] = {
     "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }
 CODES: Mapping[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+#: The safetensors library's dtype order (its Rust ``Dtype`` enum). It lays tensors out widest-ranked first, then by
+#: name; writing in the same order makes qlinear's files byte-identical to the library's for the same tensors.
+RANK: Mapping[str, int] = {c: i for i, c in enumerate(
+    ("BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16", "F16", "BF16",
+     "I32", "U32", "F32", "C64", "F64", "I64", "U64"))}
 MAX_HEADER = 100 << 20  # the safetensors reference refuses headers past 100 MB too
 
 
@@ -127,10 +132,11 @@ def write_file(path: str | Path, tensors: Mapping[str, torch.Tensor], metadata: 
     header: dict[str, object] = {"__metadata__": dict(metadata or {"format": "pt"})}
     blobs: list[bytes] = []
     offset = 0
-    for name in sorted(tensors):
+    bad = [n for n, t in tensors.items() if t.dtype not in CODES]
+    if bad:
+        raise CheckpointError(f"{bad[0]}: dtype {tensors[bad[0]].dtype} has no safetensors code")
+    for name in sorted(tensors, key=lambda n: (-RANK[CODES[tensors[n].dtype]], n)):
         t = tensors[name].detach().cpu().contiguous()
-        if t.dtype not in CODES:
-            raise CheckpointError(f"{name}: dtype {t.dtype} has no safetensors code")
         blob = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         header[name] = {"dtype": CODES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)

@@ -42,7 +42,7 @@ def block_of(scheme: Scheme) -> tuple[int, int]:
 
 
 def is_tensor_strategy(scheme: Scheme) -> bool:
-    return block_of(scheme) == (scheme.out_features, scheme.in_features) and scheme.out_features > 1
+    return scheme.per_tensor_scale
 
 
 def scale_shape(scheme: Scheme) -> tuple[int, ...]:

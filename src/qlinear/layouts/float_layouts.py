@@ -40,7 +40,7 @@ def block_of(scheme: Scheme) -> tuple[int, int]:
 
 
 def _is_tensor(scheme: Scheme) -> bool:
-    return block_of(scheme) == (scheme.out_features, scheme.in_features)
+    return scheme.per_tensor_scale
 
 
 def scale_name(scheme: Scheme) -> str:
@@ -61,7 +61,7 @@ def scale_shape(scheme: Scheme) -> tuple[int, ...]:
         if block_of(scheme) == (1, k):
             return (n,)
         return grid
-    if scheme.format in (FORMAT.FLOAT_QUANTIZED, FORMAT.NAIVE_QUANTIZED) and _is_tensor(scheme) and n > 1:
+    if scheme.format in (FORMAT.FLOAT_QUANTIZED, FORMAT.NAIVE_QUANTIZED) and _is_tensor(scheme):
         return (1,)
     return grid
 
