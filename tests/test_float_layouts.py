@@ -108,7 +108,7 @@ def test_lossless_float_conversions_and_refusals() -> None:
     tensors = float_layouts.to_checkpoint(fw, ct)
     hf, hf_scheme = convert_tensors(tensors, ct, "hf_fp8")
     assert torch.equal(hf["weight_scale_inv"], tensors["weight_scale"])
-    naive, naive_scheme = convert_tensors(hf, hf_scheme, "naive-quantized")
+    naive, _ = convert_tensors(hf, hf_scheme, "naive-quantized")
     assert torch.equal(naive["weight"].view(torch.uint8), tensors["weight"].view(torch.uint8))
     with pytest.raises(ConversionError, match="stores scales that divide; the weight's multiply"):
         convert_tensors(tensors, ct, "fp8")

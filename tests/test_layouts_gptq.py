@@ -209,7 +209,8 @@ def _tensors() -> dict[str, torch.Tensor]:
     ("qweight", torch.zeros(7, 16, dtype=torch.int32), r"qweight: expected shape \[8, 16\].*got shape \[7, 16\]"),
     ("qweight", torch.zeros(8, 16, dtype=torch.int64), r"qweight: expected .*dtype torch.int32.*dtype torch.int64"),
     ("qzeros", torch.zeros(4, 3, dtype=torch.int32), r"qzeros: expected shape \[4, 2\]"),
-    ("scales", torch.zeros(4, 16, dtype=torch.int32), r"scales: expected shape \[4, 16\] dtype torch.float16 or torch.bfloat16"),
+    ("scales", torch.zeros(4, 16, dtype=torch.int32),
+     r"scales: expected shape \[4, 16\] dtype torch.float16 or torch.bfloat16"),
     ("g_idx", torch.zeros(64, dtype=torch.int64), r"g_idx: expected shape \[64\] dtype torch.int32"),
     ("g_idx", torch.full((64,), 4, dtype=torch.int32), r"g_idx: group ids must be in 0..3; found 4..4"),
 ])

@@ -13,7 +13,8 @@ from qlinear.float_quant import quantize_fp8, quantize_mxfp4, quantize_nvfp4
 from qlinear.layouts import ct_int, float_layouts
 from qlinear.spec import Scheme
 
-ct = pytest.importorskip("compressed_tensors", reason="pip install --no-deps -r requirements/nodeps-compressed-tensors.txt")
+ct = pytest.importorskip("compressed_tensors",
+                         reason="pip install --no-deps -r requirements/nodeps-compressed-tensors.txt")
 pytestmark = pytest.mark.external
 
 from compressed_tensors.compressors import BaseCompressor  # noqa: E402
