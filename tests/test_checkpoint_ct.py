@@ -161,3 +161,23 @@ def test_nan_scale_is_refused_at_load(tmp_path: Path) -> None:
     save_file(tensors, str(path / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"k_proj: .*block scale must be finite; found nan at block \[3, 0\]"):
         load_checkpoint(path)
+
+
+#: |logits - tool's logits| / |tool's logits| of the whole model in bfloat16 (the tool's own forward: transformers
+#: with compressed-tensors' decompression, in bfloat16, activation quantization included). The residue is kernel
+#: summation order in bfloat16 (and, with int4 codes, the int4pack op's bfloat16 arithmetic).
+LOGIT_TOL = {"ct_fp8_dynamic": 1e-3, "ct_fp8_static": 2e-3}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_from_pretrained_matches_the_tools_logits(name: str) -> None:
+    from qlinear.hf_model import from_pretrained, served_layers
+
+    pytest.importorskip("transformers")
+    ref = reference(name)
+    model = from_pretrained(FIXTURES / name, dtype=torch.bfloat16)
+    assert set(served_layers(model)) == {k.removesuffix(".weight") for k in ref if k.endswith(".weight")}
+    with torch.no_grad():
+        logits = model(ref["input_ids"]).logits.float()
+    err = float((logits - ref["logits"]).norm() / ref["logits"].norm())
+    assert err < LOGIT_TOL.get(name, 2.5e-2), err

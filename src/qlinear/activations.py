@@ -3,8 +3,10 @@
 An ``ActQuant`` is part of a layer's ``Scheme``: it is what the numbers mean, not a kernel choice. A kernel
 that multiplies quantized activations natively (an FP8 tensor-core GEMM) realises it inside; every other
 kernel gets the inputs through ``quantize_dequantize`` first, so a W8A8 checkpoint computes the same
-thing on any device. Scales follow vLLM and compressed-tensors: symmetric, ``amax / max`` per token,
-per tensor or per group, in float32; a zero amax gives the smallest positive scale instead of 0.
+thing on any device. The arithmetic is compressed-tensors' own (``forward_quantize``), operation by
+operation in the activation dtype: symmetric ``scale = amax / (range / 2)`` (E4M3: 448; int8: 127.5),
+a zero scale replaced by the dtype's eps, ``q = round(clamp(x / scale))`` and ``q * scale``; NVFP4's group
+scales ``e4m3(global * amax / 6)`` divided by the global scale in float32.
 
 The one knowing departure: compressed-tensors reduces a 2-D input's "token" strategy over the whole
 tensor (its reduction keeps dims 0 and 1); qlinear, like vLLM, scales every row of the flattened input.
@@ -90,54 +92,48 @@ def unsupported(act: ActQuant) -> str:
     return ""
 
 
-_TINY = torch.finfo(torch.float32).tiny
-
-
-def _amax(x2: torch.Tensor, act: ActQuant) -> torch.Tensor:
-    """Per-scale-unit absolute maximum of ``x2 [M, K]`` (float32), shaped to broadcast against the units."""
-    a = x2.abs()
+def _amax(xs: torch.Tensor, act: ActQuant) -> torch.Tensor:
+    """Per-scale-unit absolute maximum, shaped to broadcast against ``xs`` (``[M, K]`` or ``[M, G, g]``)."""
+    a = xs.abs()
     if act.strategy is ActStrategy.TOKEN:
-        return a.amax(dim=1, keepdim=True)
+        return a.amax(dim=-1, keepdim=True)
     if act.strategy is ActStrategy.TENSOR:
-        return a.amax().reshape(1, 1)
-    return a.reshape(x2.shape[0], -1, act.group_size).amax(dim=2, keepdim=True)  # [M, groups, 1]
+        return a.amax().reshape((1,) * xs.dim())
+    return a.amax(dim=-1, keepdim=True)
 
 
 def quantize_dequantize(x: torch.Tensor, act: ActQuant, input_scale: torch.Tensor | None = None,
                         input_global_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """``x`` as the checkpoint's activation quantization sees it (computed in float32, returned in x.dtype)."""
+    """``x`` as the checkpoint's activation quantization sees it (in x.dtype; see the module docstring)."""
     k = x.shape[-1]
-    x2 = x.reshape(-1, k).to(torch.float32)
+    x2 = x.reshape(-1, k)
     grouped = act.strategy in (ActStrategy.GROUP, ActStrategy.TENSOR_GROUP)
     if grouped and k % act.group_size:
         raise ValueError(f"input: {k} features are not a multiple of the activation group size {act.group_size}")
+    xs = x2.reshape(x2.shape[0], -1, act.group_size) if grouped else x2
     if act.element is Element.E2M1:
-        return _nvfp4(x2, act, input_global_scale).reshape(x.shape).to(x.dtype)
-    qmax = 127.0 if act.element is None else act.element.max
+        return _nvfp4(xs, input_global_scale).reshape(x.shape)
+    half_range = 127.5 if act.element is None else act.element.max
+    lo, hi = (-128.0, 127.0) if act.element is None else (-act.element.max, act.element.max)
     if act.scales is ActScales.STATIC:
         if input_scale is None:
             raise ValueError("input_scale: this layer's activations have a static scale, but none was loaded")
-        scale = input_scale.to(torch.float32, copy=True).reshape(1, 1)
+        scale = input_scale.to(x.dtype).reshape((1,) * xs.dim())
     else:
-        scale = (_amax(x2, act) / qmax).clamp(min=_TINY)
-    xs = x2.reshape(x2.shape[0], -1, act.group_size) if grouped else x2
-    y = xs / scale
-    if act.element is None:
-        q = torch.clamp(torch.round(y), -128, 127)
-    else:  # torch's E4M3 cast rounds to nearest even like ``floats.encode`` (tested), and is vectorised
-        q = y.clamp(-qmax, qmax).to(torch.float8_e4m3fn).to(torch.float32)
-    return (q * scale).reshape(x.shape).to(x.dtype)
+        scale = _amax(xs, act) / torch.tensor(half_range, dtype=x.dtype)
+        scale = torch.where(scale == 0, torch.finfo(x.dtype).eps, scale)
+    y = torch.clamp(xs / scale, lo, hi)
+    q = torch.round(y) if act.element is None else y.to(torch.float8_e4m3fn).to(x.dtype)
+    return (q * scale).reshape(x.shape)
 
 
-def _nvfp4(x2: torch.Tensor, act: ActQuant, input_global_scale: torch.Tensor | None) -> torch.Tensor:
-    """NVFP4 activations: per 16 values, ``s = e4m3(global * amax / 6)``, values ``e2m1(x / (s / global))``."""
+def _nvfp4(xs: torch.Tensor, input_global_scale: torch.Tensor | None) -> torch.Tensor:
+    """NVFP4 activations (groups of 16): ``s = e4m3(global * amax / 6)`` (0 -> 0.125), ``e2m1(x / (s / global))``."""
     if input_global_scale is None:
         raise ValueError("input_global_scale: NVFP4 activations need the calibrated global scale, none was loaded")
-    g = input_global_scale.to(torch.float32).reshape(())
-    xs = x2.reshape(x2.shape[0], -1, 16)
-    local = g * xs.abs().amax(dim=2, keepdim=True) / 6.0
-    s8 = decode(encode(local.clamp(max=448.0), Element.E4M3), Element.E4M3)
-    s8 = torch.where(s8 == 0, torch.full_like(s8, 2.0 ** -9), s8)  # the smallest E4M3 step, never 0
-    scale = s8 / g
-    q = decode(encode((xs / scale).clamp(-6.0, 6.0), Element.E2M1), Element.E2M1)
-    return (q * scale).reshape(x2.shape)
+    g = input_global_scale.to(torch.float32).reshape(1)
+    local = g * (xs.abs().amax(dim=-1, keepdim=True) / torch.tensor(6.0, dtype=xs.dtype))
+    s8 = local.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(torch.float32)
+    scale = torch.where(s8 == 0, 0.125, s8) / g
+    q = decode(encode(torch.clamp(xs / scale, -6.0, 6.0), Element.E2M1), Element.E2M1)
+    return (q * scale).to(xs.dtype)
