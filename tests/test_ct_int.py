@@ -18,7 +18,8 @@ N, K = 24, 160
 def scheme(bits: int = 4, block: tuple[int, int] = (1, 32), sym: bool = True, fmt: str = "pack-quantized",
            desc_act: bool = False, legacy: bool = False, n: int = N, k: int = K) -> Scheme:
     return Scheme(bits=bits, group_size=min(block[1], k), in_features=k, out_features=n, sym=sym, desc_act=desc_act,
-                  method="compressed-tensors", format=fmt, scale_block=block, legacy_packing=legacy)
+                  method="compressed-tensors", format=fmt, scale_block=block, legacy_packing=legacy,
+                  per_tensor_scale=block == (n, k))
 
 
 def rtn(bits: int, group: int, sym: bool, seed: int = 0, desc_act: bool = False, k: int = K):
