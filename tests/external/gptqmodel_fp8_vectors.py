@@ -29,9 +29,8 @@ def cases() -> list[dict]:
 
 
 def main(path: str) -> None:
-    from safetensors.torch import save_file
-
     from gptqmodel.nn_modules.qlinear.fp8 import TorchFP8Linear
+    from safetensors.torch import save_file
 
     tensors, meta = {}, cases()
     for i, c in enumerate(meta):
