@@ -7,10 +7,12 @@ import json
 import sys
 from collections.abc import Sequence
 
+from .activations import ActQuant
 from .caps import KNOWN_ARCHS, Problem, caps_table_row
 from .cli_checkpoint import add_checkpoint_commands
 from .cli_run import add_run_command
 from .enums import BACKEND, FORMAT
+from .floats import Element
 from .kernels.registry import all_kernels
 from .select import explain, parse_dtype
 from .spec import PACK_DTYPES, ConfigError, Scheme, method_of
@@ -85,9 +87,13 @@ def markdown_table(rows: list[dict[str, object]], cols: Sequence[str]) -> str:
 def cmd_explain(args: argparse.Namespace) -> int:
     """Which kernel runs this layer here, and why each other one cannot."""
     fmt = FORMAT(args.format)
-    scheme = Scheme(bits=args.bits, group_size=args.group_size, in_features=args.in_features,
+    element = Element(args.element) if args.element else None
+    bits = element.bits if element else args.bits
+    block = _block(args.scale_block, args.in_features) if args.scale_block else None
+    scheme = Scheme(bits=bits, group_size=block[1] if block else args.group_size, in_features=args.in_features,
                     out_features=args.out_features, sym=not args.asym, desc_act=args.desc_act,
-                    method=method_of(fmt), format=fmt, pack_dtype=args.pack_dtype)
+                    method=method_of(fmt), format=fmt, pack_dtype=args.pack_dtype, element=element,
+                    scale_block=block, activations=ACTIVATIONS[args.activations] if args.activations else None)
     problem = Problem(scheme, parse_dtype(args.dtype), training=args.training)
     choice = explain(problem, _target(args), args.backend)
     if args.json:
@@ -96,6 +102,23 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:
         print(choice.explain())
     return 0 if choice.kernel is not None else 1
+
+
+#: ``--activations`` spellings: the activation quantizations checkpoints name most.
+ACTIVATIONS = {
+    "fp8-token": ActQuant(bits=8, element=Element.E4M3, strategy="token", scales="dynamic"),
+    "fp8-tensor-static": ActQuant(bits=8, element=Element.E4M3, strategy="tensor", scales="static"),
+    "fp8-group128": ActQuant(bits=8, element=Element.E4M3, strategy="group", scales="dynamic", group_size=128),
+    "int8-token": ActQuant(bits=8, element=None, strategy="token", scales="dynamic"),
+    "nvfp4": ActQuant(bits=4, element=Element.E2M1, strategy="tensor_group", scales="local", group_size=16),
+}
+
+
+def _block(text: str, in_features: int) -> tuple[int, int]:
+    """``RxC`` -> (R, C); ``C`` alone is one row by C columns; ``-1`` columns is the whole row."""
+    rows, _, cols = text.lower().rpartition("x")
+    c = int(cols)
+    return int(rows or 1), in_features if c == -1 else c
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -131,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float16", help="activation dtype: float16, bfloat16, float32")
     p.add_argument("--pack-dtype", default=None, choices=list(PACK_DTYPES),
                    help="storage word (default: the format's own, int16 for gemv_fast/llm-awq, else int32)")
+    p.add_argument("--element", default=None, help="float formats: float8_e4m3fn (e4m3), float8_e5m2, float4_e2m1")
+    p.add_argument("--scale-block", default=None, help="rows x cols one scale covers, e.g. 128x128, 1x16, 1x-1")
+    p.add_argument("--activations", default=None, choices=list(ACTIVATIONS),
+                   help="the checkpoint's activation quantization (W8A8, W4A4)")
     p.add_argument("--backend", default="auto", help=f"auto or one of: {', '.join(b.value for b in BACKEND)}")
     p.set_defaults(func=cmd_explain)
 

@@ -28,7 +28,9 @@ def format_inspect(report: dict[str, Any]) -> str:
         return "\n".join(lines)
     rows = [[m["module"], m["format"] + (f":{m['qtype']}" if m.get("qtype") else ""), str(m["bits"]),
              str(m["group_size"]),
-             ("sym" if m["sym"] else "asym") + (" desc_act" if m["desc_act"] else "") + (" bias" if m["bias"] else ""),
+             ("sym" if m["sym"] else "asym") + (" desc_act" if m["desc_act"] else "") + (" bias" if m["bias"] else "")
+             + (f" {m['element']}" if m.get("element") else "") + (f" act={m['activations']}"
+                                                                   if m.get("activations") else ""),
              f"[{m['out_features']}, {m['in_features']}]", m["backend"] or "none", m["why"]] for m in mods]
     return "\n".join(lines + _table(rows, ["module", "format", "bits", "group", "flags", "[out, in]", "backend",
                                            "why"]))
@@ -77,7 +79,10 @@ def add_checkpoint_commands(sub: Any) -> None:
     p = sub.add_parser("convert", help="re-encode a checkpoint in another format (lossless or refused)")
     p.add_argument("src", help="checkpoint directory or .safetensors file")
     p.add_argument("dst", help="output directory (written atomically)")
-    p.add_argument("--format", required=True, help="gptq, gptq_v2, gptq_p, gemm, gemv, gemv_fast or llm-awq")
+    p.add_argument("--format", required=True,
+                   help="gptq, gptq_v2, gptq_p, gemm, gemv, gemv_fast, llm-awq; compressed-tensors pack-quantized, "
+                        "naive-quantized, int-quantized, float-quantized, nvfp4-pack-quantized, mxfp4-pack-quantized; "
+                        "fp8 (GPTQModel), hf_fp8 (transformers)")
     p.add_argument("--pack-dtype", default=None, choices=list(PACK_DTYPES),
                    help="storage word (default: the format's own, int16 for gemv_fast/llm-awq, else int32)")
     p.add_argument("--max-shard-size", default="4GB", help="split model.safetensors past this size (e.g. 4GB)")
