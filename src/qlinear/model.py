@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .activations import ActQuant
 from .affine import quantize_rtn
 from .enums import BACKEND
 from .kernels.base import QuantLinear
@@ -76,3 +77,35 @@ def move_unquantized(model: nn.Module, device: str | torch.device, dtype: torch.
             if b is not None:
                 m._buffers[k] = b.to(device=device, dtype=dtype if b.is_floating_point() else b.dtype)
     return model
+
+
+def quantize_linears_float(model: nn.Module, *, kind: str, format: str | None = None,
+                           activations: ActQuant | None = None, backend: str | BACKEND = "auto",
+                           device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                           skip: tuple[str, ...] = (), progress: Progress | None = None) -> dict[str, QuantLinear]:
+    """Replace every ``nn.Linear`` (but ``skip``) by a float-quantized layer, in place, like ``quantize_linears``.
+
+    ``kind``: ``fp8`` (E4M3, one scale per output channel), ``fp8-block`` (128x128 blocks), ``nvfp4`` or
+    ``mxfp4`` (``float_quant``). ``format`` defaults to the one its producers write (compressed-tensors').
+    ``activations``: a dynamic activation quantization the layers realise (W8A8); None keeps weight-only.
+    """
+    from .build import create_float_layer
+    from .float_quant import quantize_fp8, quantize_mxfp4, quantize_nvfp4
+
+    makers = {"fp8": quantize_fp8, "fp8-block": lambda w: quantize_fp8(w, block=(128, 128)),
+              "nvfp4": quantize_nvfp4, "mxfp4": quantize_mxfp4}
+    if kind not in makers:
+        raise ValueError(f"kind: expected one of {', '.join(makers)}, got {kind!r}")
+    names = [n for n in linear_names(model) if n not in skip]
+    done: dict[str, QuantLinear] = {}
+    for i, name in enumerate(names):
+        lin = model.get_submodule(name)
+        assert isinstance(lin, nn.Linear)
+        bias = None if lin.bias is None else lin.bias.detach()
+        layer = create_float_layer(makers[kind](lin.weight.detach()), format=format, backend=backend, device=device,
+                                   dtype=dtype, bias=bias, activations=activations)
+        set_submodule(model, name, layer)
+        done[name] = layer
+        if progress is not None:
+            progress(i + 1, len(names), name)
+    return done

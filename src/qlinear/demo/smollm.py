@@ -1,4 +1,5 @@
-"""SmolLM2-135M-Instruct through qlinear kernels: GGUF blocks served as they are, a GPTQ 4-bit copy and its AWQ twin.
+"""SmolLM2-135M-Instruct through qlinear kernels: GGUF blocks served as they are, a GPTQ 4-bit copy and its AWQ
+twin, and FP8 (W8A8, per-token dynamic activations) and NVFP4 copies written as compressed-tensors checkpoints.
 
 Why: MiniLM shows embeddings; this shows a real generative model end to end (transformers around qlinear
 layers), scored against the fp32 model on next-token agreement and perplexity. The weights come from the
@@ -110,6 +111,24 @@ def awq_copy(workdir: Path) -> tuple[nn.Module, float]:
     return from_pretrained(workdir / "smollm2-awq-gemm"), time.perf_counter() - t0
 
 
+def float_copy(fp32: nn.Module, workdir: Path, kind: str, dtype: torch.dtype) -> tuple[nn.Module, float]:
+    """Every block linear quantized to ``kind`` (``fp8``: E4M3 per-channel scales with per-token dynamic E4M3
+    activations, llm-compressor's FP8_DYNAMIC; ``nvfp4``: weight-only NVFP4A16), saved as a compressed-tensors
+    checkpoint and loaded back through ``from_pretrained``, the path an llm-compressor model takes."""
+    from ..activations import ActQuant
+    from ..checkpoint import save_checkpoint
+    from ..hf_model import from_pretrained
+    from ..model import quantize_linears_float
+
+    t0 = time.perf_counter()
+    model = copy.deepcopy(fp32)
+    act = ActQuant(bits=8, element="float8_e4m3fn", strategy="token", scales="dynamic") if kind == "fp8" else None
+    fmt = "float-quantized" if kind == "fp8" else "nvfp4-pack-quantized"
+    quantize_linears_float(model, kind=kind, activations=act, skip=("lm_head",), format=fmt)
+    save_checkpoint(model, workdir / f"smollm2-{kind}", format=fmt, overwrite=True)
+    return from_pretrained(workdir / f"smollm2-{kind}", dtype=dtype), time.perf_counter() - t0
+
+
 def run(max_new_tokens: int = 24) -> int:
     """The whole demo; returns an exit status."""
     from ..hf_model import backend_summary, from_pretrained, serve_gguf
@@ -131,10 +150,14 @@ def run(max_new_tokens: int = 24) -> int:
         # the same checkpoint with bfloat16 activations: AUTO then picks the CPU int4 kernels (the native
         # extra's AVX512-BF16 / AMX kernels where installed), as a bfloat16 deployment would
         gptq_bf16 = from_pretrained(Path(tmp) / "smollm2-gptq-4bit", dtype=torch.bfloat16)
+        fp8, secs_fp8 = float_copy(fp32, Path(tmp), "fp8", torch.bfloat16)
+        nvfp4, secs_nv = float_copy(fp32, Path(tmp), "nvfp4", torch.bfloat16)
     print(f"GPTQ 4-bit g128 (RTN + clip search) quantized, saved and reloaded in {secs:.1f} s; converted to AWQ "
-          f"gemm and reloaded in {secs_awq:.1f} s")
+          f"gemm and reloaded in {secs_awq:.1f} s; FP8 W8A8 and NVFP4 as compressed-tensors checkpoints in "
+          f"{secs_fp8:.1f} s and {secs_nv:.1f} s")
     variants = {"fp32": fp32, "GGUF-served": served, "GPTQ 4-bit": gptq, "AWQ 4-bit (from GPTQ)": awq,
-                "GPTQ 4-bit, bfloat16": gptq_bf16, "GGUF-served, bfloat16": from_pretrained(path, dtype=torch.bfloat16)}
+                "GPTQ 4-bit, bfloat16": gptq_bf16, "GGUF-served, bfloat16": from_pretrained(path, dtype=torch.bfloat16),
+                "FP8 W8A8 (compressed-tensors), bfloat16": fp8, "NVFP4 (compressed-tensors), bfloat16": nvfp4}
     ids = prompt_ids(tok)
     text_ids = tok(TEXT, return_tensors="pt").input_ids
     print(f"prompt: {PROMPT!r}")
