@@ -7,7 +7,8 @@ import time
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Load PATH (a .gguf file or a GPTQ/AWQ directory) through ``qlinear.hf_model`` and generate greedily."""
+    """Load PATH (a .gguf file or a GPTQ / AWQ / compressed-tensors / FP8 directory) through ``qlinear.hf_model``
+    and generate greedily."""
     import torch
 
     from .hf_model import backend_summary, from_pretrained, load_tokenizer
@@ -29,7 +30,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def add_run_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("run", help="generate text with a .gguf file or GPTQ/AWQ directory (needs qlinear[hf])")
+    p = sub.add_parser("run", help="generate text with a .gguf file or a quantized safetensors directory "
+                                   "(needs qlinear[hf])")
     p.add_argument("path", help="a .gguf file or a quantized checkpoint directory with config.json")
     p.add_argument("--prompt", default="The capital of France is")
     p.add_argument("--max-new-tokens", type=int, default=32)

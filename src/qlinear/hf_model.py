@@ -1,6 +1,7 @@
 """Real models end to end: a transformers causal LM whose linear layers are qlinear kernels.
 
-``from_pretrained(path)`` takes a ``.gguf`` file (llama architecture) or a GPTQ/AWQ safetensors directory.
+``from_pretrained(path)`` takes a ``.gguf`` file (llama architecture) or a GPTQ / AWQ / compressed-tensors / FP8
+safetensors directory.
 For GGUF, transformers builds the fp32 model from the file (its own dequantization, our reference), then each
 ``nn.Linear`` whose weight is a quantized GGUF tensor is replaced by a GGUF kernel serving that tensor's own
 blocks. llama.cpp's converter permutes the rows of q/k for its rope layout; GGML blocks never straddle rows,
@@ -101,8 +102,9 @@ def serve_gguf(model: nn.Module, f: Any, device: str | torch.device = "cpu", dty
 
 
 def _from_dir(root: Path, device: str | torch.device, dtype: torch.dtype, backend: str) -> nn.Module:
-    """A GPTQ/AWQ directory: the architecture from config.json (no weights fetched), the quantized modules as
-    qlinear layers, every other tensor (embeddings, norms, an unquantized head) from the safetensors files."""
+    """A GPTQ / AWQ / compressed-tensors / FP8 directory: the architecture from config.json (no weights fetched),
+    the quantized modules as qlinear layers, every other tensor (embeddings, norms, an unquantized head) from the
+    safetensors files."""
     from .checkpoint.load import load_plan
     from .checkpoint.plan import plan_checkpoint
     from .checkpoint.safetensors_io import CheckpointError, read_tensor
@@ -141,8 +143,9 @@ def from_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype:
                     affine_runtime: bool = False) -> nn.Module:
     """A transformers causal LM whose quantized linear layers are qlinear kernels (``served_layers(model)``).
 
-    ``path``: a ``.gguf`` file, a directory plus ``gguf_file``, or a GPTQ/AWQ safetensors directory with a
-    config.json. ``dtype`` is the activation dtype of every kernel and of the float modules.
+    ``path``: a ``.gguf`` file, a directory plus ``gguf_file``, or a GPTQ / AWQ / compressed-tensors / FP8
+    safetensors directory with a config.json. ``dtype`` is the activation dtype of every kernel and of the float
+    modules.
     ``affine_runtime`` (GGUF only): Q4_0/Q4_1/Q4_K layers on the Triton GGUF kernel also get its faster, larger
     runtime (``GGUFFile.linear``).
     """
@@ -153,7 +156,7 @@ def from_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype:
     if path.suffix.lower() == ".gguf":
         return _from_gguf(path, device, dtype, backend, affine_runtime)
     if affine_runtime:
-        raise ValueError(f"{path}: affine_runtime applies to GGUF files, not to a GPTQ/AWQ directory")
+        raise ValueError(f"{path}: affine_runtime applies to GGUF files, not to a safetensors directory")
     return _from_dir(path, device, dtype, backend)
 
 
