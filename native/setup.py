@@ -9,4 +9,6 @@ setup(ext_modules=[Extension("qlinear_native._decode", [SRC + "_decode.c"], extr
                    Extension("qlinear_native._int4", [SRC + f for f in ("_int4.c", "int4_amx.c", "int4_mv.c")],
                              depends=[SRC + "int4.h"], extra_compile_args=FLAGS + OPENMP, extra_link_args=OPENMP),
                    Extension("qlinear_native._blocks", [SRC + "_blocks.c", SRC + "blocks.c"],
-                             depends=[SRC + "blocks.h"], extra_compile_args=FLAGS + OPENMP, extra_link_args=OPENMP)])
+                             depends=[SRC + "blocks.h"], extra_compile_args=FLAGS + OPENMP, extra_link_args=OPENMP),
+                   Extension("qlinear_native._float", [SRC + f for f in ("_float.c", "float8_mv.c", "float8_amx.c")],
+                             depends=[SRC + "float8.h"], extra_compile_args=FLAGS + OPENMP, extra_link_args=OPENMP)])
