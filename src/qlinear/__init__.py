@@ -5,7 +5,9 @@ that explains which kernel runs a layer and why the others cannot, and fast Torc
 Importing qlinear touches no GPU, compiles nothing and reads no environment variable.
 """
 
+from .activations import ActQuant
 from .affine import AffineWeight, quantize_rtn
+from .blockfloat import FloatWeight
 from .caps import Caps, Problem
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .enums import BACKEND, DEVICE, FORMAT, METHOD, PLATFORM
@@ -28,12 +30,14 @@ __all__ = [
     "FORMAT",
     "METHOD",
     "PLATFORM",
+    "ActQuant",
     "AffineWeight",
     "Caps",
     "CheckpointError",
     "Choice",
     "ConfigError",
     "DeviceInfo",
+    "FloatWeight",
     "NoKernelError",
     "Problem",
     "QuantLinear",
