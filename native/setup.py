@@ -1,4 +1,4 @@
-"""Three C extensions, compiled at install time for the installing machine's CPU (-march=native)."""
+"""Four C extensions, compiled at install time for the installing machine's CPU (-march=native)."""
 
 from setuptools import Extension, setup
 
