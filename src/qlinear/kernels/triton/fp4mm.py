@@ -319,9 +319,13 @@ def fp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, kind
             grid = (triton.cdiv(n1 - n0, config.block_n), triton.cdiv(k, bk))
             fp4_dense_kernel[grid](words[n0:n1], scales[n0:n1], wd, n1 - n0, k, kw, ks, BLOCK_N=config.block_n,
                                    BLOCK_K=bk, GS=gs, MX=mx, num_warps=config.num_warps)
-            yc = x @ wd.t()
+            if x.dtype == torch.float16:  # code * scale (<= 2688) summed over K overflows float16 before * gmul
+                wd.mul_(gmul)
+                yc = x @ wd.t()
+            else:
+                yc = (x @ wd.t()).mul_(gmul)
             del wd
-            y[:, n0:n1] = yc * gmul + b[n0:n1] if b is not None else yc * gmul
+            y[:, n0:n1] = yc + b[n0:n1] if b is not None else yc
         return y
     common = dict(GS=gs, MX=mx, HAS_BIAS=bias is not None, EVEN_K=k % bk == 0, num_warps=config.num_warps,
                   num_stages=config.num_stages)
