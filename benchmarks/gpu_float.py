@@ -167,8 +167,11 @@ def marlin_fp8(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int], dty
     note_schema(op)
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        return call_by_schema(op, a=x, c=None, b_q_weight=b_q, b_bias=None, b_scales=s, a_scales=None,
-                              global_scale=None, b_zeros=None, g_idx=None, perm=None, workspace=ws, **type_id,
+        # vLLM 0.33's schema names the optional tensors c_or_none, b_bias_or_none, b_zeros_or_none (and has no
+        # g_idx / perm / is_k_full); both spellings are given, call_by_schema takes the schema's
+        return call_by_schema(op, a=x, c=None, c_or_none=None, b_q_weight=b_q, b_bias=None, b_bias_or_none=None,
+                              b_scales=s, a_scales=None, global_scale=None, b_zeros=None, b_zeros_or_none=None,
+                              g_idx=None, perm=None, workspace=ws, **type_id,
                               size_m=x.shape[0], size_n=n, size_k=k, is_k_full=True, use_atomic_add=False,
                               use_fp32_reduce=True, is_zp_float=False)
 
