@@ -206,8 +206,8 @@ def test_fp8_default_choice_runs_each_m() -> None:
     """No config: the variant and tiles come from ``choose_variant`` / ``fp8_config`` (the H200 heuristics)."""
     from qlinear.kernels.triton.fp8mm import choose_variant, fp8_config, fp8_linear
 
-    assert [choose_variant(m, 4096, 4096) for m in (1, 4, 5, 32, 33, 1024, 1025)] == [
-        "gemv", "gemv", "skinny", "skinny", "mma", "mma", "dense"]
+    assert [choose_variant(m, 4096, 4096) for m in (1, 2, 5, 32, 33, 512, 513)] == [
+        "gemv", "skinny", "skinny", "skinny", "mma", "mma", "dense"]
     for m, v in ((1, "gemv"), (2, "gemv"), (4, "gemv"), (16, "skinny"), (64, "mma"), (300, "mma")):
         cfg = fp8_config(v, m, 14336, 4096)
         assert cfg.variant == v and cfg.block_k % 16 == 0 and cfg.split_k >= 1
@@ -368,7 +368,7 @@ def test_fp4_default_choice_runs() -> None:
     from qlinear.kernels.triton.fp4mm import choose_fp4_variant, fp4_config, fp4_linear, mxfp4_scale_errors
 
     assert [choose_fp4_variant(m, 4096, 4096) for m in (1, 4, 16, 256, 4096)] == [
-        "gemv", "gemv", "skinny", "mma", "dense"]
+        "gemv", "skinny", "skinny", "mma", "dense"]
     assert all(fp4_config(v, m, 14336, 4096).block_k % 32 == 0 for v, m in
                (("gemv", 1), ("gemv", 4), ("skinny", 16), ("mma", 64), ("mma", 512)))
     packed = torch.randint(0, 256, (40, 48), dtype=torch.uint8)

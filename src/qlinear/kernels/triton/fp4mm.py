@@ -227,13 +227,15 @@ def fp4_dense_kernel(P, S, OUT, N, K, KW, KS, BLOCK_N: tl.constexpr, BLOCK_K: tl
 
 
 def choose_fp4_variant(m: int, n: int, k: int) -> str:
-    """The variant for an ``[M, K]`` call (heuristic crossovers; benchmarks/gpu_float.py --sweep)."""
+    """The variant for an ``[M, K]`` call. Crossovers from the H200 sweep at 4096x14336 (NVFP4,
+    benchmarks/results/h200-gpu_float_sweep-2026-12-04.md): gemv only at M=1 (M=4: 74.5 us against skinny's
+    29.1), mma from 33 (M=64: 46.2 against 57.4), dense above 512 (M=1024: 222.5 against mma's 333.8)."""
     del n, k
-    if m <= 4:
+    if m == 1:
         return "gemv"
     if m <= 32:
         return "skinny"
-    return "mma" if m <= 1024 else "dense"
+    return "mma" if m <= 512 else "dense"
 
 
 def fp4_config(variant: str, m: int, n: int, k: int, sms: int = 132) -> FConfig:
@@ -242,17 +244,15 @@ def fp4_config(variant: str, m: int, n: int, k: int, sms: int = 132) -> FConfig:
         rows = 1 if m == 1 else (2 if m == 2 else 4)
         bn, bk = {1: (32, 512), 2: (16, 256), 4: (16, 128)}[rows]
         return FConfig("gemv", rows, bn, bk, split_for(-(-n // bn) * -(-m // rows), k, bk, sms, 8), 4, 3)
-    if variant == "skinny":
+    if variant == "skinny":  # sweep: split 4 (29.1 us at M=4)
         bm = 16 if m <= 16 else 32
-        return FConfig("skinny", bm, 64, 128, split_for(-(-n // 64) * -(-m // bm), k, 128, sms, 3), 4, 3)
+        return FConfig("skinny", bm, 64, 128, split_for(-(-n // 64) * -(-m // bm), k, 128, sms, 6), 4, 3)
     if variant == "mma":
-        if m <= 64:
+        if m <= 128:
             return FConfig("mma", 64, 128, 64, split_for(-(-n // 128) * -(-m // 64), k, 64, sms, 2, 4), 4, 3)
-        if m <= 256:
-            return FConfig("mma", 128, 128, 64, 1, 8, 3)
-        return FConfig("mma", 128, 256, 64, 1, 8, 3)
+        return FConfig("mma", 256, 128, 64, 1, 8, 3)  # sweep M=256: 88.7 us against 128x128's 97.8
     if variant == "dense":
-        return FConfig("dense", 1, 64, 128, 1, 4, 1)
+        return FConfig("dense", 1, 32, 256, 1, 4, 1)
     raise ValueError(f"fp4_linear: variant: expected one of {', '.join(VARIANTS)}, found {variant!r}")
 
 

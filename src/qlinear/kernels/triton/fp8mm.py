@@ -131,13 +131,15 @@ def fp8_dot_kernel(X, W, S, SX, BIAS, Y, PART, LOCK, M, N, K, stride_xm, stride_
 
 
 def choose_variant(m: int, n: int, k: int) -> str:
-    """The variant for an ``[M, K] x [N, K]^T`` call (heuristic crossovers; benchmarks/gpu_float.py --sweep)."""
-    del n, k  # the crossovers depend on M only until measured otherwise
-    if m <= 4:
+    """The variant for an ``[M, K] x [N, K]^T`` call. Crossovers from the H200 sweep at 4096x14336
+    (benchmarks/results/h200-gpu_float_sweep-2026-12-04.md): gemv only at M=1 (M=4: 59.7 us against skinny's
+    29.0), mma from 33 (M=64: 41.0 against skinny's 51.7), dense above 512 (M=1024: 220.9 against mma's 280)."""
+    del n, k
+    if m == 1:
         return "gemv"
     if m <= 32:
         return "skinny"
-    return "mma" if m <= 1024 else "dense"
+    return "mma" if m <= 512 else "dense"
 
 
 def fp8_config(variant: str, m: int, n: int, k: int, sms: int = 132, bk: int | None = None) -> FConfig:
@@ -146,20 +148,20 @@ def fp8_config(variant: str, m: int, n: int, k: int, sms: int = 132, bk: int | N
     second accumulator per step, so ``mma`` stays at 128x128 tiles (128x256 spills there)."""
     if variant == "gemv":  # each row's accumulator is a [BN, BK] float32 tile: about 64 of them a thread
         rows = 1 if m == 1 else (2 if m == 2 else 4)
-        bn, bk, warps = {1: (16, 512, 4), 2: (16, 256, 4), 4: (16, 128, 4)}[rows]
+        bn, bk, warps = {1: (8, 512, 4), 2: (16, 256, 4), 4: (16, 128, 4)}[rows]  # M=1: 8x512 20.2 us, 16x512 25.6
         return FConfig("gemv", rows, bn, bk, split_for(-(-n // bn) * -(-m // rows), k, bk, sms, 8), warps, 3)
-    if variant == "skinny":
+    if variant == "skinny":  # sweep: 16x64x128 with split 4, 4 stages (29.0 us at M=4)
         bm = 16 if m <= 16 else 32
         bn, bk = 64, 128
-        return FConfig("skinny", bm, bn, bk, split_for(-(-n // bn) * -(-m // bm), k, bk, sms, 3), 4, 4)
+        return FConfig("skinny", bm, bn, bk, split_for(-(-n // bn) * -(-m // bm), k, bk, sms, 6), 4, 4)
+    tma = k % 16 == 0  # TMA operand loads won every mma row of the sweep (41.0 vs 41.6, 73.3 vs 98.4, 280 vs 323)
     if variant == "mma":
-        if m <= 64:
-            return FConfig("mma", 64, 128, 64, split_for(-(-n // 128) * -(-m // 64), k, 64, sms, 2, 4), 4, 4)
-        if m <= 256 or (bk is not None and bk < k):
-            return FConfig("mma", 128, 128, 64, 1, 8, 4)
-        return FConfig("mma", 128, 256, 64, 1, 8, 3)
+        if m <= 128:
+            return FConfig("mma", 64, 128, 64, split_for(-(-n // 128) * -(-m // 64), k, 64, sms, 2, 4), 4, 4,
+                           tma=tma)
+        return FConfig("mma", 128, 128, 64, 1, 8, 4, tma=tma)
     if variant == "dense":
-        return FConfig("dense", 1, 64, 128, 1, 4, 1)
+        return FConfig("dense", 1, 32, 256, 1, 4, 1)
     raise ValueError(f"fp8_linear: variant: expected one of {', '.join(VARIANTS)}, found {variant!r}")
 
 
