@@ -133,19 +133,23 @@ def w8a8_config(variant: str, m: int, n: int, k: int, sms: int = 132, bk: int | 
 
     * ``skinny`` M <= 16 / 32 / 64: ``block_m`` 16 / 32 / 64 activation rows (wgmma's N), 64 weight rows a CTA
       (one warpgroup's M), K steps of 256, 4 stages (24-40 KiB a stage), split-K to about 3 CTAs per SM.
-    * ``mma`` M <= 128: 64x128x128, 4 warps, 4 stages, split-K where tiles are few; M <= 512: 128x128x128,
-      8 warps, 4 stages; above: 128x256x128, 8 warps, 3 stages (48 KiB a stage), ``group_m`` 8; with scale
-      blocks narrower than K (``bk < K``: a second accumulator per step) 128x128x128 (128x256 spills there).
+    * ``mma`` M <= 128: 64x128x128, 4 warps, 4 stages, split-K where tiles are few, TMA loads; above:
+      128x256x128, 8 warps, 3 stages (48 KiB a stage), ``group_m`` 8; with scale blocks narrower than K
+      (``bk < K``: a second accumulator per step) 128x128x128 (128x256 spills there).
+
+    H200 sweep (benchmarks/results/h200-gpu_float_sweep-w8a8-2026-12-04.md): at M = 64 no split (skinny 64x64x256
+    22.3 us on 4096x14336 against 34.3 split 2 ways); 128x256x128 from M = 129 (M = 256: 30.3 / 107.0 us on
+    4096x14336 / 8192x28672 against 128x128's 35.2 / 122.6).
     """
     if variant == "skinny":
         bm = 16 if m <= 16 else (32 if m <= 32 else 64)
         tiles = -(-n // 64) * -(-m // bm)
-        return FConfig("skinny", bm, 64, 256, split_for(tiles, k, 256, sms, 3), 4, 4)
+        return FConfig("skinny", bm, 64, 256, 1 if bm == 64 else split_for(tiles, k, 256, sms, 3), 4, 4)
     if variant == "mma":
         if m <= 128:
             tiles = -(-n // 128) * -(-m // 64)
-            return FConfig("mma", 64, 128, 128, split_for(tiles, k, 128, sms, 1, 4), 4, 4)
-        if m <= 512 or (bk is not None and bk < k):
+            return FConfig("mma", 64, 128, 128, split_for(tiles, k, 128, sms, 1, 4), 4, 4, tma=k % 16 == 0)
+        if bk is not None and bk < k:
             return FConfig("mma", 128, 128, 128, 1, 8, 4)
         return FConfig("mma", 128, 256, 128, 1, 8, 3)
     raise ValueError(f"fp8_w8a8_linear: variant: expected one of {', '.join(VARIANTS)}, found {variant!r}")
