@@ -138,8 +138,9 @@ def w8a8_config(variant: str, m: int, n: int, k: int, sms: int = 132, bk: int | 
       (``bk < K``: a second accumulator per step) 128x128x128 (128x256 spills there).
 
     H200 sweep (benchmarks/results/h200-gpu_float_sweep-w8a8-2026-12-04.md): at M = 64 no split (skinny 64x64x256
-    22.3 us on 4096x14336 against 34.3 split 2 ways); 128x256x128 from M = 129 (M = 256: 30.3 / 107.0 us on
-    4096x14336 / 8192x28672 against 128x128's 35.2 / 122.6).
+    22.3 us on 4096x14336 against 34.3 split 2 ways); 128x256x128 from M = 129 where its tiles fill the GPU
+    (M = 256: 30.3 / 107.0 us on 4096x14336 / 8192x28672 against 128x128's 35.2 / 122.6), but not on N = 4096
+    at M = 256 (32 tiles: 24.2 / 71.8 us, 1.68x / 1.84x _scaled_mm, where 128x128 measured 15.5 / 44.6).
     """
     if variant == "skinny":
         bm = 16 if m <= 16 else (32 if m <= 32 else 64)
@@ -149,9 +150,13 @@ def w8a8_config(variant: str, m: int, n: int, k: int, sms: int = 132, bk: int | 
         if m <= 128:
             tiles = -(-n // 128) * -(-m // 64)
             return FConfig("mma", 64, 128, 128, split_for(tiles, k, 128, sms, 1, 4), 4, 4, tma=k % 16 == 0)
-        if bk is not None and bk < k:
+        wide = -(-n // 256) * -(-m // 128)
+        if (bk is None or bk >= k) and wide >= 0.8 * sms:
+            return FConfig("mma", 128, 256, 128, 1, 8, 3)
+        if -(-n // 128) * -(-m // 128) >= 0.45 * sms:  # N = 4096, M = 256: 128x256 left 100 SMs idle (1.68x)
             return FConfig("mma", 128, 128, 128, 1, 8, 4)
-        return FConfig("mma", 128, 256, 128, 1, 8, 3)
+        tiles = -(-n // 128) * -(-m // 64)
+        return FConfig("mma", 64, 128, 128, split_for(tiles, k, 128, sms, 1, 4), 4, 4, tma=k % 16 == 0)
     raise ValueError(f"fp8_w8a8_linear: variant: expected one of {', '.join(VARIANTS)}, found {variant!r}")
 
 
