@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import platform
-import statistics
 import sys
-import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cpu_linear
+from cpu_linear import cpu_name
 
 SHAPES = ((4096, 14336),)  # (in_features K, out_features N)
 MS = (1, 2, 4, 8, 16, 64)
@@ -39,27 +41,9 @@ def native() -> object | None:
     return _float if _float.available() else None
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def median_ms(fn: Callable[[], object], reps: int, budget_s: float) -> float:
     """Median of up to ``reps`` timed calls (at least 7, stopping early once ``budget_s`` is spent)."""
-    fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < reps and (len(times) < 7 or time.perf_counter() - start < budget_s):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return cpu_linear.median_ms(fn, reps, budget_s, least=7)
 
 
 def weights(k: int, n: int, seed: int = 0) -> dict[str, tuple]:

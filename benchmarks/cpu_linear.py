@@ -57,12 +57,12 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def median_ms(fn: Callable[[], object], reps: int, budget_s: float) -> float:
-    """Median of up to ``reps`` timed calls (at least 3, stopping early once ``budget_s`` is spent)."""
+def median_ms(fn: Callable[[], object], reps: int, budget_s: float, least: int = 3) -> float:
+    """Median of up to ``reps`` timed calls (at least ``least``, stopping early once ``budget_s`` is spent)."""
     fn()
     times: list[float] = []
     start = time.perf_counter()
-    while len(times) < reps and (len(times) < 3 or time.perf_counter() - start < budget_s):
+    while len(times) < reps and (len(times) < least or time.perf_counter() - start < budget_s):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)

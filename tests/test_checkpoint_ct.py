@@ -165,8 +165,10 @@ def test_nan_scale_is_refused_at_load(tmp_path: Path) -> None:
 
 #: |logits - tool's logits| / |tool's logits| of the whole model in bfloat16 (the tool's own forward: transformers
 #: with compressed-tensors' decompression, in bfloat16, activation quantization included). The residue is kernel
-#: summation order in bfloat16 (and, with int4 codes, the int4pack op's bfloat16 arithmetic).
-LOGIT_TOL = {"ct_fp8_dynamic": 1e-3, "ct_fp8_static": 2e-3}
+#: summation order in bfloat16, the int4pack op's bfloat16 arithmetic with int4 codes, and with the native extra
+#: FP8/FP4 products of the codes that are not rounded to a bfloat16 weight first (FP8: 7e-3 / 9e-3; the exact
+#: torch tiles, which do round it as the tool does, give 0 / 6e-4).
+LOGIT_TOL: dict[str, float] = {}
 
 
 @pytest.mark.parametrize("name", ALL)

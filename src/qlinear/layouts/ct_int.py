@@ -29,6 +29,7 @@ from ..affine import AffineWeight
 from ..enums import FORMAT
 from ..spec import Scheme
 from .bitpack import pack_bits, packed_length, unpack_bits
+from .tensors import check_against
 
 PACKED = FORMAT.PACK_QUANTIZED
 UNPACKED = (FORMAT.NAIVE_QUANTIZED, FORMAT.INT_QUANTIZED)
@@ -119,17 +120,9 @@ def _expand_rows(t: torch.Tensor, scheme: Scheme) -> torch.Tensor:
 
 
 def _check_tensors(tensors: Mapping[str, torch.Tensor], scheme: Scheme) -> torch.dtype:
-    want = checkpoint_shapes(scheme)
-    for name, (shape, dtypes) in want.items():
-        t = tensors.get(name)
-        if t is None:
-            raise ValueError(f"{name}: missing (a {scheme.format.value} {scheme.bits}-bit module with "
-                             f"{'symmetric' if scheme.sym else 'asymmetric'} scales needs {', '.join(want)})")
-        if tuple(t.shape) != shape or t.dtype not in dtypes:
-            wanted = " or ".join(str(d) for d in dtypes)
-            raise ValueError(f"{name}: expected shape {list(shape)} dtype {wanted} for {scheme.format.value} "
-                             f"{scheme.bits}-bit K={scheme.in_features} N={scheme.out_features} block "
-                             f"{block_of(scheme)}, got shape {list(t.shape)} dtype {t.dtype}")
+    check_against(tensors, checkpoint_shapes(scheme),
+                  f"{scheme.format.value} {scheme.bits}-bit {'sym' if scheme.sym else 'asym'} K={scheme.in_features} "
+                  f"N={scheme.out_features} block {block_of(scheme)}")
     if scheme.format is PACKED:
         shape = [int(v) for v in tensors["weight_shape"].tolist()]
         if shape != [scheme.out_features, scheme.in_features]:

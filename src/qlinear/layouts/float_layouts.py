@@ -24,6 +24,7 @@ from ..blockfloat import FloatWeight, ScaleRule, scale_grid
 from ..enums import FORMAT
 from ..floats import pack_nibbles, unpack_nibbles
 from ..spec import Scheme
+from .tensors import check_against
 
 FP8_FORMATS = (FORMAT.FP8, FORMAT.HF_FP8, FORMAT.FLOAT_QUANTIZED, FORMAT.NAIVE_QUANTIZED)
 FP4_FORMATS = (FORMAT.NVFP4_PACK_QUANTIZED, FORMAT.MXFP4_PACK_QUANTIZED)
@@ -96,19 +97,10 @@ def checkpoint_shapes(scheme: Scheme) -> dict[str, tuple[tuple[int, ...], tuple[
 
 def check_tensors(tensors: Mapping[str, torch.Tensor], scheme: Scheme) -> None:
     """Raise ``ValueError`` naming the tensor, the expected and the found shape/dtype."""
-    want = checkpoint_shapes(scheme)
     if "weight_zero_point" in tensors:
         raise ValueError("weight_zero_point: asymmetric float weights are not a format any producer writes; refused")
-    for name, (shape, dtypes) in want.items():
-        t = tensors.get(name)
-        if t is None:
-            raise ValueError(f"{name}: missing (a {scheme.format.value} {scheme.element.value} module needs "
-                             f"{', '.join(want)})")
-        if tuple(t.shape) != shape or t.dtype not in dtypes:
-            names = " or ".join(str(d) for d in dtypes)
-            raise ValueError(f"{name}: expected shape {list(shape)} dtype {names} for {scheme.format.value} "
-                             f"K={scheme.in_features} N={scheme.out_features} block {block_of(scheme)}, got shape "
-                             f"{list(t.shape)} dtype {t.dtype}")
+    check_against(tensors, checkpoint_shapes(scheme), f"{scheme.format.value} {scheme.element.value} "
+                  f"K={scheme.in_features} N={scheme.out_features} block {block_of(scheme)}")
 
 
 def from_checkpoint(tensors: Mapping[str, torch.Tensor], scheme: Scheme) -> FloatWeight:

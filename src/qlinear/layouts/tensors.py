@@ -9,6 +9,22 @@ import torch
 from ..spec import Scheme
 
 
+def check_against(tensors: Mapping[str, torch.Tensor],
+                  expected: Mapping[str, tuple[tuple[int, ...], tuple[torch.dtype, ...]]], what: str) -> None:
+    """Raise ``ValueError`` naming the tensor, the expected and the found shape/dtype, unless every tensor in
+    ``expected`` (name -> shape, allowed dtypes) is present as it should be; ``what`` describes the layer."""
+    for name, (shape, dtypes) in expected.items():
+        t = tensors.get(name)
+        if t is None:
+            raise ValueError(f"{name}: missing ({what} needs {', '.join(expected)})")
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if tuple(t.shape) != tuple(shape) or t.dtype not in dtypes:
+            wanted = " or ".join(str(d) for d in dtypes)
+            raise ValueError(f"{name}: expected shape {list(shape)} dtype {wanted} for {what}, got shape "
+                             f"{list(t.shape)} dtype {t.dtype}")
+
+
 def require_tensors(tensors: Mapping[str, torch.Tensor], expected: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
                     scheme: Scheme, also_accepted: Mapping[str, tuple[torch.dtype, ...]] | None = None) -> None:
     """Raise ``ValueError`` naming the tensor, the expected and the found shape/dtype, unless every tensor in
