@@ -12,12 +12,22 @@ from __future__ import annotations
 import torch
 
 from ..blockfloat import FloatWeight, ScaleRule
-from ..floats import value_table
+from ..caps import Problem
+from ..floats import Element, value_table
 from ..layouts import float_layouts
 from .base import QuantLinear, adopt_dtypes
 
 #: Largest decoded tile (values): about 1 MiB of float32, as ``TorchLinear``'s.
 TILE_ELEMENTS = 1 << 18
+
+
+def fp8_element_reasons(problem: Problem) -> list[str]:
+    """An FP8 kernel's reason against a layer whose codes are not FP8 (naive-quantized holds either kind)."""
+    e = problem.scheme.element
+    if e not in (Element.E4M3, Element.E5M2):
+        what = "integer codes (loaded as gptq_v2)" if e is None else f"{e.value} codes"
+        return [f"{what}: runs FP8 (float8_e4m3fn / float8_e5m2) codes only"]
+    return []
 
 
 class FloatQuantLinear(QuantLinear):

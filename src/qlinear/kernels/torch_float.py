@@ -12,9 +12,8 @@ import torch
 
 from ..caps import Caps, Problem
 from ..enums import ALL_DEVICES, BACKEND, FORMAT
-from ..floats import Element
 from ..target import Target
-from .float_base import FloatQuantLinear
+from .float_base import FloatQuantLinear, fp8_element_reasons
 from .planned.float_formats import TorchFP8Linear as _DeclaredFP8
 
 #: The reference declares FP8: 15; qlinear also reads the same FP8 weights from transformers' and
@@ -61,11 +60,7 @@ class TorchFP8Linear(_TorchFloat):
 
     @classmethod
     def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
-        e = problem.scheme.element
-        if e not in (Element.E4M3, Element.E5M2):
-            what = "integer codes (loaded as gptq_v2)" if e is None else f"{e.value} codes"
-            return [f"{what}: runs FP8 (float8_e4m3fn / float8_e5m2) codes only"]
-        return []
+        return fp8_element_reasons(problem)
 
 
 class TorchFP4Linear(_TorchFloat):

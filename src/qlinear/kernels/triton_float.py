@@ -24,7 +24,7 @@ from ..enums import BACKEND, DEVICE, FORMAT
 from ..floats import Element
 from ..layouts import float_layouts
 from ..target import Target
-from .float_base import FloatQuantLinear
+from .float_base import FloatQuantLinear, fp8_element_reasons
 
 TRITON = {"triton": "triton>=3.4"}
 #: FP8 tensor-core MMA (the W8A8 path) exists from Ada (sm_89) on.
@@ -48,11 +48,7 @@ class TritonFP8Linear(FloatQuantLinear):
 
     @classmethod
     def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
-        e = problem.scheme.element
-        if e not in (Element.E4M3, Element.E5M2):
-            what = "integer codes (loaded as gptq_v2)" if e is None else f"{e.value} codes"
-            return [f"{what}: runs FP8 (float8_e4m3fn / float8_e5m2) codes only"]
-        return []
+        return fp8_element_reasons(problem)
 
     @classmethod
     def realises(cls, act: ActQuant) -> bool:
