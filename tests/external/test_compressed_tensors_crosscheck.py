@@ -4,6 +4,8 @@ qlinear writes gives qlinear's dequantization, for every format and strategy on 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -13,40 +15,52 @@ from qlinear.float_quant import quantize_fp8, quantize_mxfp4, quantize_nvfp4
 from qlinear.layouts import ct_int, float_layouts
 from qlinear.spec import Scheme
 
-ct = pytest.importorskip("compressed_tensors",
-                         reason="pip install --no-deps -r requirements/nodeps-compressed-tensors.txt")
 pytestmark = pytest.mark.external
+INSTALL = "pip install --no-deps -r requirements/nodeps-compressed-tensors.txt"
 
-from compressed_tensors.compressors import BaseCompressor  # noqa: E402
-from compressed_tensors.compressors.nvfp4.helpers import pack_fp4_to_uint8, unpack_fp4_from_uint8  # noqa: E402
-from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32, unpack_from_int32  # noqa: E402
-from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme  # noqa: E402
+
+@pytest.fixture(scope="module")
+def ct():
+    """compressed-tensors, imported when a test runs: it imports triton and defines Triton kernels, and doing that
+    at collection would fix Triton's own library functions in compiled mode before the interpreter tests set
+    TRITON_INTERPRET (every interpreted kernel then fails)."""
+    pytest.importorskip("compressed_tensors", reason=INSTALL)
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.compressors.nvfp4.helpers import pack_fp4_to_uint8, unpack_fp4_from_uint8
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32, unpack_from_int32
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    return SimpleNamespace(BaseCompressor=BaseCompressor, pack_fp4_to_uint8=pack_fp4_to_uint8,
+                           unpack_fp4_from_uint8=unpack_fp4_from_uint8, pack_to_int32=pack_to_int32,
+                           unpack_from_int32=unpack_from_int32, QuantizationArgs=QuantizationArgs,
+                           QuantizationScheme=QuantizationScheme)
+
 
 N, K = 48, 256
 
 
 @pytest.mark.parametrize("bits", range(1, 9))
-def test_packers_agree(bits: int) -> None:
+def test_packers_agree(ct, bits: int) -> None:
     g = torch.Generator().manual_seed(bits)
     q = torch.randint(-(1 << (bits - 1)), 1 << (bits - 1), (N, 70), generator=g).to(torch.int8)
     ours = ct_int.pack((q.to(torch.int16) + (1 << (bits - 1))).to(torch.uint8), bits, dim=1)
-    assert torch.equal(ours, pack_to_int32(q, bits))
-    assert torch.equal(ours.t().contiguous(), pack_to_int32(q.t().contiguous(), bits, packed_dim=0))
-    back = unpack_from_int32(ours, bits, torch.Size((N, 70)))
+    assert torch.equal(ours, ct.pack_to_int32(q, bits))
+    assert torch.equal(ours.t().contiguous(), ct.pack_to_int32(q.t().contiguous(), bits, packed_dim=0))
+    back = ct.unpack_from_int32(ours, bits, torch.Size((N, 70)))
     assert torch.equal(back, q)
 
 
-def test_fp4_nibbles_agree() -> None:
+def test_fp4_nibbles_agree(ct) -> None:
     fw = quantize_nvfp4(torch.randn(N, K) * 0.1)
     values = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])[fw.codes.long()]
     packed = float_layouts.to_checkpoint(fw, float_scheme_of(fw))["weight_packed"]
-    assert torch.equal(packed, pack_fp4_to_uint8(values))
-    assert torch.equal(unpack_fp4_from_uint8(packed, N, K, torch.float32), values)
+    assert torch.equal(packed, ct.pack_fp4_to_uint8(values))
+    assert torch.equal(ct.unpack_fp4_from_uint8(packed, N, K, torch.float32), values)
 
 
-def _decompress(fmt: str, tensors: dict[str, torch.Tensor], weights: dict) -> torch.Tensor:
-    scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(**weights))
-    return BaseCompressor.get_value_from_registry(fmt).decompress(dict(tensors), scheme)["weight"]
+def _decompress(ct, fmt: str, tensors: dict[str, torch.Tensor], weights: dict) -> torch.Tensor:
+    scheme = ct.QuantizationScheme(targets=["Linear"], weights=ct.QuantizationArgs(**weights))
+    return ct.BaseCompressor.get_value_from_registry(fmt).decompress(dict(tensors), scheme)["weight"]
 
 
 INT_CASES = [  # bits, strategy args, sym, format
@@ -60,7 +74,7 @@ INT_CASES = [  # bits, strategy args, sym, format
 
 
 @pytest.mark.parametrize(("bits", "strategy", "sym", "fmt"), INT_CASES)
-def test_integer_formats_decompress_to_our_dequantization(bits, strategy, sym, fmt) -> None:
+def test_integer_formats_decompress_to_our_dequantization(ct, bits, strategy, sym, fmt) -> None:
     group = strategy.get("group_size", K)
     q = quantize_rtn(torch.randn(N, K, generator=torch.Generator().manual_seed(bits)) * 0.02, bits=bits,
                      group_size=group, sym=sym)
@@ -69,7 +83,7 @@ def test_integer_formats_decompress_to_our_dequantization(bits, strategy, sym, f
     s = Scheme(bits=bits, group_size=group, in_features=K, out_features=N, sym=sym, method="compressed-tensors",
                format=fmt, scale_block=(1, group))
     tensors = ct_int.to_checkpoint(q, s)
-    theirs = _decompress(fmt, tensors, {"num_bits": bits, "type": "int", "symmetric": sym, **strategy})
+    theirs = _decompress(ct, fmt, tensors, {"num_bits": bits, "type": "int", "symmetric": sym, **strategy})
     assert torch.equal(theirs, q.dequantize(torch.bfloat16))
 
 
@@ -84,9 +98,9 @@ FLOAT_CASES = [
 
 
 @pytest.mark.parametrize(("fmt", "make", "strategy"), FLOAT_CASES)
-def test_float_formats_decompress_to_our_dequantization(fmt, make, strategy) -> None:
+def test_float_formats_decompress_to_our_dequantization(ct, fmt, make, strategy) -> None:
     fw = make(torch.randn(N, K, generator=torch.Generator().manual_seed(3)) * 0.05)
     tensors = float_layouts.to_checkpoint(fw, float_scheme_of(fw, fmt))
     bits = 4 if fmt.endswith("fp4-pack-quantized") else 8
-    theirs = _decompress(fmt, tensors, {"num_bits": bits, "type": "float", "symmetric": True, **strategy})
+    theirs = _decompress(ct, fmt, tensors, {"num_bits": bits, "type": "float", "symmetric": True, **strategy})
     assert torch.equal(theirs, fw.dequantize(theirs.dtype))
