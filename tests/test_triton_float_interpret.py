@@ -427,3 +427,29 @@ def test_bad_inputs_name_the_tensor() -> None:
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
             call()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_w4afp8_matches_oracle(dtype: torch.dtype) -> None:
+    """GPTQ 4-bit sym g128 words times per-token E4M3 activations: against the float64 product of the returned
+    ``xq, sx`` (the quantizer is checked bit for bit above) and the GPTQ oracle's dequantized weight."""
+    from qlinear import quantize_rtn
+    from qlinear.kernels.triton.fp8_w8a8 import quantize_fp8_per_token
+    from qlinear.kernels.triton.w4afp8 import w4afp8_linear
+    from qlinear.layouts import gptq
+    from tests.oracle.gptq_numpy import dequantize_checkpoint
+
+    k, n = 256, 72
+    q = quantize_rtn(torch.randn(n, k, generator=torch.Generator().manual_seed(5)) * 0.02, bits=4, group_size=128)
+    t = gptq.to_checkpoint(q, "gptq_v2")
+    w64 = dequantize_checkpoint({kk: v.numpy() for kk, v in t.items()}, 4, k, n, "gptq_v2")
+    bias = torch.randn(n).to(dtype)
+    for m in (1, 17, 40):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
+        y = w4afp8_linear(x, t["qweight"], t["scales"], bias, block_n=32)
+        xq, sx = quantize_fp8_per_token(x)
+        xd = E4M3[xq.view(torch.uint8).numpy().astype(np.int64)] * sx.double().numpy()[:, None]
+        ref = xd @ w64.T + bias.double().numpy()
+        assert y.dtype == dtype and rel_err(y, ref) < TOL[dtype], (dtype, m)
+    with pytest.raises(ValueError, match=r"w4afp8_linear: x: expected K a multiple of 128, found K = 96"):
+        w4afp8_linear(torch.zeros(2, 96, dtype=dtype), t["qweight"][:12], t["scales"][:1])

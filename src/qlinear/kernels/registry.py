@@ -25,6 +25,7 @@ FAMILIES: tuple[str, ...] = (
     "gguf_ggml",
     "torch_float",
     "triton_float",
+    "w4a_fp8",
 )
 
 
