@@ -43,7 +43,7 @@ def check(lines: list[str]) -> int:
 
     failed = 0
     gen = torch.Generator().manual_seed(0)
-    for k, n in ((1024, 1000), (4096, 512)):
+    for k, n in ((1024, 992), (4096, 512)):  # the declared limits: K % 128, N % 32
         q, fp8, _ = layers(k, n, gen)
         w = q.dequantize(torch.float64).cuda()
         for m in (1, 5, 40, 300, 1100):

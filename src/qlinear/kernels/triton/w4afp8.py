@@ -50,7 +50,7 @@ def w4afp8_kernel(XQ, SX, W, S, BIAS, Y, M, N, K, stride_xm, stride_ym, stride_s
 
 
 def w4afp8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
-                  block_m: int | None = None, block_n: int = 128, num_warps: int = 4,
+                  block_m: int | None = None, block_n: int | None = None, num_warps: int = 4,
                   num_stages: int = 3) -> torch.Tensor:
     """``x [M, K]`` (float16/bfloat16) quantized to E4M3 per token, times GPTQ 4-bit symmetric g128 words
     ``qweight [K/8, N]`` int32 with ``scales [K/128, N]`` (float16/bfloat16/float32); returns ``[M, N]`` in x's dtype.
@@ -78,9 +78,12 @@ def w4afp8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     if m == 0:
         return y
     xq, sx = quantize_fp8_per_token(x.contiguous())
+    # H200 tiles (benchmarks/results/h200-gpu_w4afp8-2026-12-04.md, 4096x14336): 16x64 at M=1 48.8 us against
+    # 16x128's 73.8; 128x128 from M=256. The unpack of K-packed words, not the tile, bounds the kernel.
     bm = block_m or (16 if m <= 16 else (64 if m <= 64 else 128))
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, block_n))
+    bn = block_n or (64 if m <= 16 else 128)
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     w4afp8_kernel[grid](xq, sx, qweight, scales, bias if bias is not None else y, y, m, n, k, xq.stride(0),
-                        y.stride(0), scales.stride(0), BLOCK_M=bm, BLOCK_N=block_n, HAS_BIAS=bias is not None,
+                        y.stride(0), scales.stride(0), BLOCK_M=bm, BLOCK_N=bn, HAS_BIAS=bias is not None,
                         num_warps=num_warps, num_stages=num_stages)
     return y
