@@ -115,3 +115,15 @@ def test_from_hf_config_errors(tmp_path) -> None:
         QuantizeConfig.from_hf_config({"quant_method": "gptq"})
     with pytest.raises(ValueError, match="unknown METHOD 'squeezellm'"):
         QuantizeConfig.from_hf_config({"quant_method": "squeezellm", "bits": 4})
+
+
+def test_from_hf_config_float_and_compressed_tensors_configs() -> None:
+    fp8 = QuantizeConfig.from_hf_config({"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+                                         "activation_scheme": "dynamic"})
+    assert fp8.method is METHOD.FP8 and fp8.checkpoint_format is FORMAT.HF_FP8 and fp8.bits == 8
+    gm = QuantizeConfig.from_hf_config({"quant_method": "fp8", "format": "float8_e4m3fn", "weight_scale_method": "row"})
+    assert gm.checkpoint_format is FORMAT.FP8
+    with pytest.raises(ValueError, match="cannot tell whether weight_scale_inv multiplies or divides"):
+        QuantizeConfig.from_hf_config({"quant_method": "fp8"})
+    with pytest.raises(ValueError, match="read them with qlinear.ct_config.CompressedTensorsConfig"):
+        QuantizeConfig.from_hf_config({"quant_method": "compressed-tensors", "config_groups": {}})

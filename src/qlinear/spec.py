@@ -166,6 +166,12 @@ class QuantizeConfig:
         if not isinstance(data, Mapping):
             raise ConfigError(f"quantization_config must be a JSON object; got {type(data).__name__}")
         method = METHOD(data.get("quant_method", "awq" if "w_bit" in data or "zero_point" in data else "gptq"))
+        if method is METHOD.COMPRESSED_TENSORS:
+            raise ConfigError("compressed-tensors configs map module targets to schemes (config_groups): read them "
+                              "with qlinear.ct_config.CompressedTensorsConfig.from_hf_config")
+        if method is METHOD.FP8:
+            return cls(bits=8, group_size=-1, method=method, checkpoint_format=fp8_format(data, "quantization_config"),
+                       extra=dict(data))
         bits = data.get("bits", data.get("w_bit"))
         if bits is None:
             raise ConfigError("quantization config has no 'bits' (or 'w_bit') entry")
@@ -304,6 +310,22 @@ def _check_float(s: Scheme) -> None:
             raise ConfigError(f"element {s.element.value} is {s.element.bits}-bit; got bits={s.bits}")
     if s.activations is not None and not isinstance(s.activations, ActQuant):
         raise ConfigError(f"activations must be an ActQuant or None; got {type(s.activations).__name__}")
+
+
+def fp8_format(raw: Mapping[str, Any], source: str) -> FORMAT:
+    """Which FP8 family a ``quant_method: fp8`` config is (their ``weight_scale_inv`` mean opposite things):
+    GPTQModel's ``fp8`` (it names ``weight_scale_method`` / ``weight_scale_semantics``; the scale divides) or
+    transformers' ``hf_fp8`` (``activation_scheme`` / ``fmt``; it multiplies). Neither: refused as ambiguous."""
+    if any(k in raw for k in ("weight_scale_method", "weight_scale_semantics")):
+        semantics = str(raw.get("weight_scale_semantics", "inverse")).lower()
+        if semantics != "inverse":
+            raise ConfigError(f"{source}: weight_scale_semantics {semantics!r}; GPTQModel FP8 defines 'inverse' only")
+        return FORMAT.FP8
+    if "activation_scheme" in raw or "fmt" in raw:
+        return FORMAT.HF_FP8
+    raise ConfigError(f"{source}: quant_method fp8 without weight_scale_method/weight_scale_semantics (GPTQModel) "
+                      "or activation_scheme/fmt (transformers): cannot tell whether weight_scale_inv multiplies or "
+                      "divides")
 
 
 def method_of(fmt: FORMAT | str) -> METHOD:

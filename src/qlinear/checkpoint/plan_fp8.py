@@ -23,26 +23,11 @@ from ..activations import ActQuant, ActScales, ActStrategy
 from ..enums import FORMAT, METHOD
 from ..floats import Element
 from ..layouts import float_layouts
-from ..spec import ConfigError, Scheme
+from ..spec import ConfigError, Scheme, fp8_format
 from .module_plan import ModulePlan, bias_errors, leaf_errors
 from .safetensors_io import TensorInfo
 
 MARKERS = frozenset({"weight_scale_inv"})
-_GPTQMODEL_KEYS = ("weight_scale_method", "weight_scale_semantics")
-
-
-def fp8_format(raw: Mapping[str, Any], source: str) -> FORMAT:
-    """GPTQModel's ``fp8`` or transformers' ``hf_fp8`` (see the module docstring)."""
-    if any(k in raw for k in _GPTQMODEL_KEYS):
-        semantics = str(raw.get("weight_scale_semantics", "inverse")).lower()
-        if semantics != "inverse":
-            raise ConfigError(f"{source}: weight_scale_semantics {semantics!r}; GPTQModel FP8 defines 'inverse' only")
-        return FORMAT.FP8
-    if "activation_scheme" in raw or "fmt" in raw:
-        return FORMAT.HF_FP8
-    raise ConfigError(f"{source}: quant_method fp8 without weight_scale_method/weight_scale_semantics (GPTQModel) "
-                      "or activation_scheme/fmt (transformers): cannot tell whether weight_scale_inv multiplies or "
-                      "divides")
 
 
 def _fields(raw: Mapping[str, Any], name: str) -> dict[str, Any]:
