@@ -281,7 +281,7 @@ def plan_checkpoint(path: str | Path) -> CheckpointPlan:
             config: QuantizeConfig | CompressedTensorsConfig = CompressedTensorsConfig.from_hf_config(raw, where)
             modules, unused, errors = plan_ct.plan_modules(groups, config, where)
         elif method is METHOD.FP8:
-            fmt = plan_fp8.fp8_format(raw, where)
+            fmt = fp8_format(raw, where)
             config = QuantizeConfig(bits=8, group_size=-1, method=METHOD.FP8, checkpoint_format=fmt, extra=raw)
             modules, errors = plan_fp8.plan_modules(groups, raw, where)
         else:
