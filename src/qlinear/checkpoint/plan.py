@@ -23,7 +23,7 @@ import torch
 from ..ct_config import CompressedTensorsConfig
 from ..enums import FORMAT, METHOD
 from ..layouts import awq, gptq
-from ..spec import ConfigError, QuantizeConfig
+from ..spec import ConfigError, QuantizeConfig, fp8_format
 from . import plan_ct, plan_fp8
 from .module_plan import ModulePlan, bias_errors
 from .safetensors_io import CheckpointError, TensorInfo, read_header
