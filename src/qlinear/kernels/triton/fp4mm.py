@@ -41,7 +41,7 @@ from .fp_common import (
     sm_count,
     split_buffers,
     split_for,
-    swizzle,
+    tile_of,
 )
 
 #: kind -> (values per scale, scale dtype)
@@ -176,15 +176,8 @@ def fp4_dot_kernel(X, P, S, BIAS, Y, PART, LOCK, M, N, K, KW, KS, stride_xm, str
     built in x's dtype by ``fp4_tile``."""
     BKW: tl.constexpr = BLOCK_K // 8
     DT: tl.constexpr = X.dtype.element_ty
-    pid = tl.program_id(0)
+    pid_m, pid_n, grid_n, offs_m, offs_n, rm, rn = tile_of(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = swizzle(pid, grid_m, grid_n, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = offs_m % M  # wrapped rows: every load in range; rows past M are never stored
-    rn = offs_n % N
     offs_k = tl.arange(0, BLOCK_K)
     kb0, kb1 = k_range(K, BLOCK_K, SPLIT_K, pid_k)
     x_ptr = X + rm[:, None] * stride_xm + offs_k[None, :]

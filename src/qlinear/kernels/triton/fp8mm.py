@@ -52,7 +52,7 @@ from .fp_common import (
     split_for,
     step_for,
     step_scale,
-    swizzle,
+    tile_of,
 )
 
 VARIANTS = ("gemv", "skinny", "mma", "dense")
@@ -71,15 +71,8 @@ def fp8_dot_kernel(X, W, S, SX, BIAS, Y, PART, LOCK, M, N, K, stride_xm, stride_
     the MMA's A (``acc [BN, BM]``), for few rows. ``TMA``: ``X`` and ``W`` are host-built tensor descriptors
     (blocks ``[BM, BK]`` and ``[BN, BK]``; out-of-range rows and columns read 0). Grid ``(tiles, SPLIT_K)``.
     """
-    pid = tl.program_id(0)
+    pid_m, pid_n, grid_n, offs_m, offs_n, rm, rn = tile_of(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = swizzle(pid, grid_m, grid_n, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = offs_m % M  # wrapped rows: every load in range; rows past M are never stored
-    rn = offs_n % N
     offs_k = tl.arange(0, BLOCK_K)
     srow = (rn // SBN) * stride_s
     kb0, kb1 = k_range(K, BLOCK_K, SPLIT_K, pid_k)

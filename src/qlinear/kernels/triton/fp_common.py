@@ -192,6 +192,17 @@ def swizzle(pid, grid_m, grid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def tile_of(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """The tile of ``program_id(0)`` in a swizzled ``[M, N]`` grid: ``(pid_m, pid_n, grid_n, offs_m, offs_n, rm,
+    rn)``; ``rm``/``rn`` are the offsets wrapped into range (every load in bounds; rows past M never stored)."""
+    grid_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = swizzle(tl.program_id(0), tl.cdiv(M, BLOCK_M), grid_n, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return pid_m, pid_n, grid_n, offs_m, offs_n, offs_m % M, offs_n % N
+
+
+@triton.jit
 def k_range(K, BLOCK_K: tl.constexpr, SPLIT_K, pid_k):
     """This split's K blocks ``[kb0, kb1)``."""
     nkb = tl.cdiv(K, BLOCK_K)
