@@ -26,6 +26,7 @@ FAMILIES: tuple[str, ...] = (
     "torch_float",
     "triton_float",
     "w4a_fp8",
+    "vllm_marlin",
 )
 
 
