@@ -19,7 +19,9 @@ import torch
 
 from ..affine import AffineWeight
 from ..caps import Problem
+from ..enums import FORMAT
 from ..layouts import gptq
+from ..layouts import marlin as marlin_layout
 from ..target import Target
 from . import vllm_ops
 from .awq_base import AwqQuantLinear
@@ -37,12 +39,11 @@ def sorted_rows(q: AffineWeight) -> tuple[torch.Tensor, torch.Tensor | None]:
     codes = q.codes.t()
     if not q.desc_act:
         return codes, None
-    perm = torch.argsort(q.g_idx, stable=True)
-    plain = torch.arange(q.in_features, dtype=torch.int32) // q.group_size
-    if not torch.equal(q.g_idx[perm], plain):
+    g_sorted, perm = marlin_layout.sort_g_idx(q.g_idx)
+    if not torch.equal(g_sorted, torch.arange(q.in_features, dtype=torch.int32) // q.group_size):
         raise ValueError(f"g_idx: Marlin and Machete need every group to hold exactly {q.group_size} inputs "
                          "(a GPTQ act-order permutation); this g_idx does not")
-    return codes[perm], perm.to(torch.int32)
+    return codes[perm.long()], perm
 
 
 def is_symmetric(q: AffineWeight) -> bool:
@@ -58,9 +59,12 @@ class _VllmKernel:
 
     @classmethod
     def vllm_reasons(cls, problem: Problem, target: Target) -> list[str]:
+        out = []
+        if problem.scheme.format is FORMAT.MARLIN:  # declared by the reference; our buffers are GPTQ / AWQ words
+            out.append("takes GPTQ / AWQ buffers: a Marlin-format (B, s) module is re-encoded to gptq_v2 at load")
         if not all(d.kind.value == "cuda" for d in target.devices):
-            return []  # the declaration already says CUDA only; do not probe CUDA libraries for a CPU target
-        return vllm_ops.op_reasons(cls.OPS, target)
+            return out  # the declaration already says CUDA only; do not probe CUDA libraries for a CPU target
+        return out + vllm_ops.op_reasons(cls.OPS, target)
 
     @classmethod
     def auto_reasons(cls, problem: Problem, target: Target) -> list[str]:
@@ -102,8 +106,6 @@ class _Marlin(_VllmKernel):
     OPS = ("gptq_marlin_repack", "marlin_gemm")
 
     def build(self, q: AffineWeight, words: torch.Tensor, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
-        from ..layouts import marlin as marlin_layout
-
         k, n, b = q.in_features, q.out_features, q.bits
         sym = is_symmetric(q)
         if self.ZERO_POINTS is False and not sym:
@@ -111,10 +113,10 @@ class _Marlin(_VllmKernel):
                              f"{1 << (b - 1)}); this weight has others: use backend='gptq_triton' or 'gptq_machete'")
         tiles = vllm_ops.call("gptq_marlin_repack", b_q_weight=words, size_k=k, size_n=n, num_bits=b,
                               is_a_8bit=False)
-        scales = marlin_layout.permute_scales(q.scales.t().to(dtype), q.num_groups > 1).to(device)
+        scales = marlin_layout.permute_scales(q.scales.t().to(dtype)).to(device)
         zeros = None
         if self.ZERO_POINTS:
-            zeros = marlin_layout.pack_zero_points(q.zeros.t().contiguous(), b).to(device)
+            zeros = marlin_layout.pack_zeros(q.zeros.t().contiguous(), b).to(device)
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         cap = torch.cuda.get_device_capability(device)
         atomic = n < 2048 and k >= 2048 and (dtype != torch.bfloat16 or cap >= (9, 0))
@@ -199,7 +201,11 @@ class AwqMacheteLinear(_Machete, AwqQuantLinear):
 
     @classmethod
     def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
-        return cls.vllm_reasons(problem, target)
+        out = []
+        if problem.scheme.group_size not in (problem.scheme.in_features, 64, 128):
+            out.append(f"group size {problem.scheme.group_size}: vLLM 0.33's Machete runs group sizes 64, 128 and "
+                       "channelwise only (it refuses 32 on the H200: 'cannot be run with these arguments')")
+        return out + cls.vllm_reasons(problem, target)
 
 
 KERNELS = (MarlinLinear, AwqMarlinLinear, MacheteLinear, AwqMacheteLinear)
