@@ -1,4 +1,4 @@
-"""Four C extensions, compiled at install time for the installing machine's CPU (-march=native)."""
+"""Five C extensions, compiled at install time for the installing machine's CPU (-march=native)."""
 
 from setuptools import Extension, setup
 
@@ -11,4 +11,6 @@ setup(ext_modules=[Extension("qlinear_native._decode", [SRC + "_decode.c"], extr
                    Extension("qlinear_native._blocks", [SRC + "_blocks.c", SRC + "blocks.c"],
                              depends=[SRC + "blocks.h"], extra_compile_args=FLAGS + OPENMP, extra_link_args=OPENMP),
                    Extension("qlinear_native._float", [SRC + f for f in ("_float.c", "float8_mv.c", "float8_amx.c")],
-                             depends=[SRC + "float8.h"], extra_compile_args=FLAGS + OPENMP, extra_link_args=OPENMP)])
+                             depends=[SRC + "float8.h"], extra_compile_args=FLAGS + OPENMP, extra_link_args=OPENMP),
+                   Extension("qlinear_native._lut4", [SRC + f for f in ("_lut4.c", "lut4_mv.c", "lut4_mm.c")],
+                             depends=[SRC + "lut4.h"], extra_compile_args=FLAGS + OPENMP, extra_link_args=OPENMP)])

@@ -28,7 +28,7 @@ import torch
 from .affine import AffineWeight
 from .blockfloat import FloatWeight
 from .enums import FORMAT, METHOD
-from .layouts import awq, ct_int, float_layouts, gptq
+from .layouts import awq, ct_int, float_layouts, gptq, marlin_weight
 from .spec import FLOAT_FORMATS, ConfigError, Scheme, method_of
 
 
@@ -43,6 +43,8 @@ def decode(tensors: Mapping[str, torch.Tensor], scheme: Scheme) -> AffineWeight 
             return float_layouts.from_checkpoint(tensors, scheme)
     elif scheme.method is METHOD.GPTQ and scheme.format in gptq.GPTQ_LAYOUT_FORMATS:
         return gptq.from_checkpoint(tensors, scheme)
+    elif scheme.method is METHOD.GPTQ and scheme.format is FORMAT.MARLIN:
+        return marlin_weight.from_checkpoint(tensors, scheme)
     elif scheme.method is METHOD.AWQ and scheme.format in awq.AWQ_LAYOUT_FORMATS:
         return awq.from_checkpoint(tensors, scheme)
     elif scheme.method is METHOD.COMPRESSED_TENSORS and scheme.format in ct_int.INT_FORMATS:
@@ -59,6 +61,8 @@ def encode(q: AffineWeight | FloatWeight, scheme: Scheme, scale_dtype: torch.dty
             return float_layouts.to_checkpoint(q, scheme)
     elif scheme.method is METHOD.GPTQ and scheme.format in gptq.GPTQ_LAYOUT_FORMATS:
         return gptq.to_checkpoint(q, scheme.format, scheme.pack_dtype, scale_dtype or torch.float16)
+    elif scheme.method is METHOD.GPTQ and scheme.format is FORMAT.MARLIN:
+        return marlin_weight.to_checkpoint(q, scale_dtype or torch.float16)
     elif scheme.method is METHOD.AWQ and scheme.format in awq.AWQ_LAYOUT_FORMATS:
         default = q.scales.dtype if scheme.format is FORMAT.GEMM and q.scales.dtype in awq.SCALE_DTYPES \
             else torch.float16
@@ -131,6 +135,10 @@ def convert_tensors(tensors: Mapping[str, torch.Tensor], scheme: Scheme, to_form
     that is exact; activation-scale tensors (``input_scale``, ``input_global_scale``) as they are.
     """
     to = FORMAT(to_format)
+    if FORMAT.BITSANDBYTES in (scheme.format, to):  # look-up-table codes: same-format copies only (bnb_convert)
+        from .bnb_convert import convert_tensors as convert_bnb
+
+        return convert_bnb(tensors, scheme, to, pack_dtype)
     what = f"cannot convert {scheme.format.value} to {to.value}"
     method = method_of(to)
     if scheme.activations is not None and method in (METHOD.GPTQ, METHOD.AWQ) and not in_memory:

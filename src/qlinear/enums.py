@@ -113,6 +113,8 @@ class BACKEND(_LenientEnum):
     FP4_TORCH = "fp4_torch"  # the reference's TorchFP4Linear, which has no member of its own there
     FP4_TRITON = "fp4_triton"  # qlinear's own: NVFP4 / MXFP4 weight-only Triton kernels
     BITSANDBYTES = "bitsandbytes"
+    BITSANDBYTES_TORCH = "bitsandbytes_torch"  # qlinear's own: exact NF4 / FP4 / LLM.int8 Torch kernel, any device
+    BITSANDBYTES_TRITON = "bitsandbytes_triton"  # qlinear's own: NF4 / FP4 Triton kernels
     QQQ = "qqq"
     QQQ_TORCH = "qqq_torch"
     VPTQ_TORCH = "vptq_torch"

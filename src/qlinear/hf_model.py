@@ -122,7 +122,8 @@ def _from_dir(root: Path, device: str | torch.device, dtype: torch.dtype, backen
     missing, unexpected = model.load_state_dict(state, strict=False)
     if getattr(config, "tie_word_embeddings", False):
         missing = [k for k in missing if k != "lm_head.weight"]
-    missing = [k for k in missing if not isinstance(model.get_submodule(k.rpartition(".")[0]), QuantLinear)]
+    served = [n + "." for n, m in model.named_modules() if isinstance(m, QuantLinear)]  # leaves may hold dots
+    missing = [k for k in missing if not k.startswith(tuple(served))]
     if missing or unexpected:
         raise CheckpointError(f"{root}: tensors do not fit the {config.model_type} model: missing "
                               f"{missing[:5]}, unexpected {unexpected[:5]}")

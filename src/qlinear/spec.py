@@ -172,6 +172,14 @@ class QuantizeConfig:
         if method is METHOD.FP8:
             return cls(bits=8, group_size=-1, method=method, checkpoint_format=fp8_format(data, "quantization_config"),
                        extra=dict(data))
+        if method is METHOD.BITSANDBYTES:  # transformers' BitsAndBytesConfig: load_in_4bit / load_in_8bit
+            four, eight = bool(data.get("load_in_4bit")), bool(data.get("load_in_8bit"))
+            if four == eight:
+                raise ConfigError("bitsandbytes config: exactly one of load_in_4bit / load_in_8bit must be true; got "
+                                  f"load_in_4bit={data.get('load_in_4bit')!r}, "
+                                  f"load_in_8bit={data.get('load_in_8bit')!r}")
+            return cls(bits=4 if four else 8, group_size=-1, method=method, checkpoint_format=FORMAT.BITSANDBYTES,
+                       pack_dtype="int8", extra=dict(data))
         bits = data.get("bits", data.get("w_bit"))
         if bits is None:
             raise ConfigError("quantization config has no 'bits' (or 'w_bit') entry")
@@ -242,6 +250,13 @@ class Scheme:
     #: compressed-tensors before 0.18 packed ``32 // bits`` codes per int32 word (padded, never straddling);
     #: from 0.18 one dense bit stream. Differs only for 3, 5, 6 and 7 bits.
     legacy_packing: bool = False
+    #: bitsandbytes only: the code type, ``nf4`` / ``fp4`` (4-bit look-up tables) or ``int8`` (LLM.int8 rows).
+    bnb_type: str | None = None
+    #: bitsandbytes 4-bit only: values per ``absmax`` block, counted over the flattened row-major weight (a block
+    #: may straddle rows when it does not divide ``in_features``).
+    blocksize: int | None = None
+    #: bitsandbytes 4-bit only: ``absmax`` itself quantized to uint8 (a nested 8-bit state plus an offset).
+    double_quant: bool = False
 
     def __post_init__(self) -> None:
         for name in ("in_features", "out_features"):
@@ -269,6 +284,7 @@ class Scheme:
             raise ConfigError(f"per_tensor_scale needs scale_block ({self.out_features}, {self.in_features}); "
                               f"got {self.scale_block}")
         _check_float(self)
+        _check_bnb(self)
         if self.group_size == -1 or self.group_size > self.in_features:
             object.__setattr__(self, "group_size", self.in_features)
 
@@ -310,6 +326,33 @@ def _check_float(s: Scheme) -> None:
             raise ConfigError(f"element {s.element.value} is {s.element.bits}-bit; got bits={s.bits}")
     if s.activations is not None and not isinstance(s.activations, ActQuant):
         raise ConfigError(f"activations must be an ActQuant or None; got {type(s.activations).__name__}")
+
+
+#: bitsandbytes code types by bit width (4-bit look-up tables, 8-bit LLM.int8 rows).
+BNB_TYPES: Mapping[int, tuple[str, ...]] = {4: ("nf4", "fp4"), 8: ("int8",)}
+
+
+def _check_bnb(s: Scheme) -> None:
+    """bitsandbytes fields appear together, on bitsandbytes schemes only, and agree with the bits."""
+    if s.method is not METHOD.BITSANDBYTES:
+        if s.bnb_type is not None or s.blocksize is not None or s.double_quant:
+            raise ConfigError(f"bnb_type / blocksize / double_quant describe bitsandbytes weights; got method "
+                              f"{s.method.value}")
+        return
+    allowed = BNB_TYPES.get(s.bits)
+    if allowed is None:
+        raise ConfigError(f"bitsandbytes weights are 4-bit (nf4, fp4) or 8-bit (int8); got bits={s.bits}")
+    if s.bnb_type not in allowed:
+        raise ConfigError(f"bnb_type for {s.bits}-bit bitsandbytes weights must be one of {', '.join(allowed)}; "
+                          f"got {s.bnb_type!r}")
+    if s.element is not None or s.qtype is not None:
+        raise ConfigError("bitsandbytes weights have neither a float element format nor a GGUF qtype")
+    if s.bits == 4:
+        if not isinstance(s.blocksize, int) or isinstance(s.blocksize, bool) or s.blocksize <= 0:
+            raise ConfigError(f"4-bit bitsandbytes weights need blocksize, a positive integer; got {s.blocksize!r}")
+    elif s.blocksize is not None or s.double_quant:
+        raise ConfigError(f"8-bit bitsandbytes weights have one scale (SCB) per row: no blocksize or double_quant; "
+                          f"got blocksize={s.blocksize!r}, double_quant={s.double_quant}")
 
 
 def fp8_format(raw: Mapping[str, Any], source: str) -> FORMAT:

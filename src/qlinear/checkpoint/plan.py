@@ -24,14 +24,16 @@ from ..ct_config import CompressedTensorsConfig
 from ..enums import FORMAT, METHOD
 from ..layouts import awq, gptq
 from ..spec import ConfigError, QuantizeConfig, fp8_format
-from . import plan_ct, plan_fp8
+from . import plan_bnb, plan_ct, plan_fp8, plan_marlin, plan_qqq
 from .module_plan import ModulePlan, bias_errors
 from .safetensors_io import CheckpointError, TensorInfo, read_header
 
 #: Formats whose safetensors checkpoints qlinear reads, per method.
 READABLE: Mapping[METHOD, tuple[FORMAT, ...]] = {
-    METHOD.GPTQ: gptq.GPTQ_LAYOUT_FORMATS, METHOD.AWQ: awq.AWQ_LAYOUT_FORMATS,
+    METHOD.GPTQ: (*gptq.GPTQ_LAYOUT_FORMATS, FORMAT.MARLIN), METHOD.AWQ: awq.AWQ_LAYOUT_FORMATS,
     METHOD.FP8: (FORMAT.FP8, FORMAT.HF_FP8),
+    METHOD.QQQ: (FORMAT.QQQ,),
+    METHOD.BITSANDBYTES: (FORMAT.BITSANDBYTES,),
     METHOD.COMPRESSED_TENSORS: (FORMAT.PACK_QUANTIZED, FORMAT.NAIVE_QUANTIZED, FORMAT.INT_QUANTIZED,
                                 FORMAT.FLOAT_QUANTIZED, FORMAT.NVFP4_PACK_QUANTIZED, FORMAT.MXFP4_PACK_QUANTIZED)}
 #: Leaf names that mark a module as quantized (``scales`` alone does not: plenty of float modules have one).
@@ -270,16 +272,25 @@ def plan_checkpoint(path: str | Path) -> CheckpointPlan:
     root, files, tensors = find_tensors(Path(path))
     raw, source, model_config = read_quant_config(root)
     where = f"{root}/{source}"
-    method = config_method(raw, where)
+    marlin = plan_marlin.is_marlin_config(raw)  # vLLM's quant_method 'marlin' is no method qlinear knows
+    method = None if marlin else config_method(raw, where)
     groups: dict[str, dict[str, TensorInfo]] = {}
     for full, info in tensors.items():
         mod, _, leaf = full.rpartition(".")
         groups.setdefault(mod, {})[leaf] = info
     unused: dict[str, TensorInfo] = {}
     try:
-        if method is METHOD.COMPRESSED_TENSORS:
+        if marlin:
+            config = plan_marlin.read_config(raw, where)
+            modules, unused, errors = plan_marlin.plan_modules(groups, config, where)
+        elif method is METHOD.COMPRESSED_TENSORS:
             config: QuantizeConfig | CompressedTensorsConfig = CompressedTensorsConfig.from_hf_config(raw, where)
             modules, unused, errors = plan_ct.plan_modules(groups, config, where)
+        elif method is METHOD.BITSANDBYTES:  # leaves with dots (weight.absmax): planned from the flat list
+            config, modules, errors = plan_bnb.plan_modules(tensors, raw, where)
+        elif method is METHOD.QQQ:
+            config, source, raw, model_config = read_config(root)
+            modules, errors = plan_qqq.plan_modules(groups, config, source)
         elif method is METHOD.FP8:
             fmt = fp8_format(raw, where)
             config = QuantizeConfig(bits=8, group_size=-1, method=METHOD.FP8, checkpoint_format=fmt, extra=raw)
@@ -292,5 +303,6 @@ def plan_checkpoint(path: str | Path) -> CheckpointPlan:
     if errors:
         raise CheckpointError(f"{root}: {len(errors)} quantized module(s) do not match the config:\n"
                               + "\n".join(errors))
-    other = {k: v for k, v in tensors.items() if k.rpartition(".")[0] not in modules and k not in unused}
+    claimed = {f"{m}.{leaf}" for m, mp in modules.items() for leaf in mp.tensors}
+    other = {k: v for k, v in tensors.items() if k not in claimed and k not in unused}
     return CheckpointPlan(root, files, config, source, raw, model_config, modules, other, unused)

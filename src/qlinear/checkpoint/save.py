@@ -119,6 +119,8 @@ def quantization_config(schemes: Mapping[str, Scheme], version: str,
         out.update(zero_point=not sym, version=fmt)
     else:
         out["sym"] = sym
+    if first.format is FORMAT.MARLIN:  # AutoGPTQ 0.7 (its last release) reads this flag, not checkpoint_format
+        out["is_marlin_format"] = True
     if dynamic:
         out["dynamic"] = dynamic
     meta = dict(meta or {})
@@ -138,6 +140,10 @@ def config_for(schemes: Mapping[str, Scheme], version: str, meta: Mapping[str, A
         return ct_config(schemes)
     if method is METHOD.FP8:
         return fp8_config(schemes)
+    if method is METHOD.BITSANDBYTES:
+        from .plan_bnb import bnb_config
+
+        return bnb_config(schemes)
     return quantization_config(schemes, version, meta)
 
 
@@ -167,8 +173,9 @@ def _write_all(tmp: Path, tensors: Mapping[str, torch.Tensor], quant: Mapping[st
             weight_map.update(dict.fromkeys(shard, fname))
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    # compressed-tensors and FP8 checkpoints keep their config in config.json only (as their producers write them)
-    if config is None or quant.get("quant_method") not in ("compressed-tensors", "fp8"):
+    # compressed-tensors, FP8 and bitsandbytes checkpoints keep their config in config.json only (as their
+    # producers write them)
+    if config is None or quant.get("quant_method") not in ("compressed-tensors", "fp8", "bitsandbytes"):
         (tmp / "quantize_config.json").write_text(json.dumps(quant, indent=2) + "\n")
     if config is not None:
         (tmp / "config.json").write_text(json.dumps({**config, "quantization_config": quant}, indent=2) + "\n")

@@ -26,7 +26,10 @@ FAMILIES: tuple[str, ...] = (
     "torch_float",
     "triton_float",
     "w4a_fp8",
+    "torch_bnb",
+    "bitsandbytes",
     "vllm_marlin",
+    "qqq",
 )
 
 
