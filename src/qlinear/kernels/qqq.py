@@ -190,15 +190,17 @@ class QQQTorchLinear(QQQQuantLinear):
 
 
 class QQQLinear(QQQQuantLinear):
-    """QQQ on CUDA through Triton: per-token int8 activations times int8 weights on int8 tensor cores (``tl.dot``
-    int8 -> int32), the weights unpacked from the runtime words in registers; same numbers as QQQTorchLinear."""
+    """QQQ on CUDA through Triton (``triton/qqq_mm.py``): per-token int8 activations; up to 4 rows a CUDA-core GEMV,
+    above that the int8 weight written once per forward (transient) and multiplied on int8 tensor cores (``tl.dot``
+    int8 -> int32). Bit-identical to QQQTorchLinear (H200, benchmarks/gpu_qqq.py)."""
 
     backend = _DeclaredQQQ.backend
     caps = _DeclaredQQQ.caps.but(requires_modules={"triton": "triton>=3.4"}, gpu_archs=archs_from((8, 0)))
 
     @classmethod
     def describe_runs(cls, problem: Problem, target: Target) -> str:
-        return "inputs quantized to int8 per token (Triton), then int8 x int8 tl.dot with int32 accumulation"
+        return ("inputs quantized to int8 per token; M <= 4: CUDA-core GEMV on the packed words; above: the int8 "
+                "weight written once per call, then int8 x int8 tl.dot with int32 accumulation")
 
     def prepare(self) -> None:
         super().prepare()

@@ -1,18 +1,26 @@
-"""QQQ W4A8 on int8 tensor cores: per-token int8 activations times int8 weights unpacked from 4-bit words.
+"""QQQ W4A8 on the GPU: per-token int8 activations times int8 weights unpacked from 4-bit words, exact int32 sums.
 
 ``quantize_rows(x)``: per row ``s1 = dtype(max|x| / 127)`` (IEEE division in float32 rounded to x's dtype, as torch
 divides a float16/bfloat16 tensor by a scalar), ``xq = clamp(rne(x / s1), -128, 127)``; a zero row gets ``s1 = 0``
 and codes 0. One program per row; rows up to ``ONE_PASS_K`` stay in registers (one read), longer ones are read twice.
 
-``qqq_mm(xq, s1, words, sg, sc, ...)``: ``acc = sum_k xq * w8`` by ``tl.dot`` int8 x int8 -> int32 (mma / wgmma),
-then ``y = dtype(float32(acc) * s1 * sc)`` and ``+ bias`` in the output dtype, as GPTQModel's torch path. The weights
-(``kernels/qqq.py``'s runtime words ``[KP/8, N]``) unpack per 128-deep K step: 16 word rows give 8 fields of 16 rows,
-stacked in natural K order. Grouped: ``clamp(rne((q - 8) * s), -128, 127)`` in float32, ``q - 8`` read exactly from
-a nibble OR-ed into the mantissa of 2^23 and one FMA, the rounding by adding 1.5 * 2^23, whose float's low byte is
-then the int8 two's complement (no int<->float conversions). Per-channel: the nibble moved into a byte's high half
-(``16 * c``). Split-K programs write int32 partials (exact, so the sum is order-free); the last one of a tile (an
-acq_rel counter) adds them and finishes. Under the interpreter float32 -> bfloat16 casts round by integer arithmetic
-(the interpreter's own cast truncates), so the interpreter reproduces the GPU's numbers.
+``qqq_mm(xq, s1, words, sg, sc, ...)``: ``acc = sum_k xq * w8`` exactly, then ``y = dtype(float32(acc) * s1 * sc)``
+and ``+ bias`` in the output dtype, as GPTQModel's torch path. The weights are ``kernels/qqq.py``'s runtime words
+``[KP/8, N]`` (nibble ``c + 8``), a 128-deep K step unpacking to 8 fields of 16 rows in natural K order. The int8
+weight: grouped ``clamp(rne((q - 8) * s), -128, 127)`` in float32, ``q - 8`` read exactly from a nibble OR-ed into
+the mantissa of 2^23 and one FMA, the rounding by adding 1.5 * 2^23 (whose float's low byte is then the int8 two's
+complement: no int<->float conversions); per-channel ``16 (q - 8)``. Variants (``QConfig.variant``):
+
+* ``gemv`` (M <= 4): CUDA cores; each weight decoded once to its int8 value as a float32 and multiplied by the rows'
+  int8 activations, products summed in float32 within a step (exact: below 2^21), steps added in int32;
+* ``dense`` (M > 4): ``w8_dense_kernel`` writes the int8 weight ``[N, KP]`` into a transient buffer (dropped on
+  return), then ``qqq_mm_kernel`` multiplies it by ``tl.dot`` int8 x int8 -> int32 (mma / wgmma);
+* ``mma``: ``qqq_mm_kernel`` unpacking the words inside its K loop; correct, but slow on Triton 3.6 (the int8
+  operand built in registers is re-laid out through shared memory in every tile), so AUTO never picks it.
+
+Split-K programs write int32 partials (exact, so the sum is order-free); the last one of a tile (an acq_rel counter)
+adds them and finishes. Under the interpreter float32 -> bfloat16 casts round by integer arithmetic (the
+interpreter's own cast truncates), so the interpreter reproduces the GPU's numbers bit for bit.
 """
 
 from __future__ import annotations
@@ -50,17 +58,20 @@ VARIANTS = ("gemv", "mma", "dense")
 
 
 def qqq_config(m: int, n: int, kp: int, sms: int = 132) -> QConfig:
-    """The variant and tiles by M (benchmarks/gpu_qqq.py measures them). H200, 4096x14336 g128, bf16
-    (benchmarks/results/h200-gpu_qqq-2026-12-04.md): unpacking the words inside the ``tl.dot`` loop (``mma``) costs
-    83 us at M = 16 and 2652 us at M = 4096 (the int8 operand's register layout is converted through shared memory
-    in every tile), against 59.6 / 394 us for ``dense`` (128x128, 8 warps, 3 stages); so ``gemv`` up to 4 rows,
-    ``dense`` above, split along K while the tiles are too few to fill the GPU."""
+    """The variant and tiles by M (benchmarks/gpu_qqq.py measures them). H200, 4096x14336 g128, bf16: unpacking the
+    words inside the ``tl.dot`` loop (``mma``) cost 83 us at M = 16, 186 at 256 and 2652 at 4096 (the int8 operand's
+    register layout is converted through shared memory in every tile), ``dense`` 45.8 / 59.6 / 394 us (128x128, 8
+    warps, 3 stages above 64 rows), ``gemv`` 41.0 us at M = 1 (benchmarks/results/h200-gpu_qqq-2026-12-04*.md)."""
+    if m == 1:  # sweep at 4096x14336: 1x64 split 8 41.0 us, 1x128 split 5 47.5
+        return QConfig(1, 64, max(1, min(8, kp // STEP // 2)), 4, 3, variant="gemv")
     if m <= 4:
-        rows = 1 if m == 1 else (2 if m == 2 else 4)
+        rows = 2 if m == 2 else 4
         bn = 128 if rows <= 2 else 64
         return QConfig(rows, bn, split_for(triton.cdiv(n, bn), kp, STEP, sms, 4), 4, 3, variant="gemv")
+    if m <= 16:  # sweep at 4096x14336: 16x64 split 2 45.8 us, 16x128 split 5 54.9
+        return QConfig(16, 64, 2 if triton.cdiv(n, 64) < 4 * sms else 1, 4, 4, variant="dense")
     if m <= 64:
-        bm = 16 if m <= 16 else (32 if m <= 32 else 64)
+        bm = 32 if m <= 32 else 64
         split = split_for(triton.cdiv(m, bm) * triton.cdiv(n, 128), kp, STEP, sms, 4)
         return QConfig(bm, 128, split, 4, 4, variant="dense")
     return QConfig(128, 128, 1, 8, 3, variant="dense")
