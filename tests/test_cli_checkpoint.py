@@ -51,7 +51,7 @@ def test_inspect_json_names_the_kernel_load_builds(capsys) -> None:
 
 def test_inspect_with_a_backend_that_cannot_run(capsys) -> None:
     code, out, _ = run(capsys, "inspect", str(FIXTURES / "gptq_4bit_g32"), "--backend", "gptq_marlin")
-    assert code == 1 and "none" in out.splitlines()[3] and "not implemented yet" in out
+    assert code == 1 and "none" in out.splitlines()[3] and "device cpu not supported (declares cuda)" in out
 
 
 def test_inspect_errors(capsys, tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ FAMILIES: tuple[str, ...] = (
     "triton_float",
     "w4a_fp8",
     "torch_bnb",
+    "triton_bnb",
     "bitsandbytes",
     "vllm_marlin",
     "qqq",

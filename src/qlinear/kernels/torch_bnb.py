@@ -15,7 +15,6 @@ from ..caps import Caps, Problem
 from ..enums import ALL_DEVICES, BACKEND, DEVICE, FORMAT
 from ..layouts import bnb
 from ..target import Target
-from .base import PlannedKernel
 from .bnb_base import TILE_ELEMENTS, BnbQuantLinear
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
@@ -73,13 +72,4 @@ class BitsAndBytesTorchLinear(BnbQuantLinear):
         return f"{tiles}; on this CPU: {native_lut4.describe(s.in_features, s.blocksize, problem.dtype)}"
 
 
-class BitsAndBytesTritonLinear(PlannedKernel):
-    """bitsandbytes NF4 / FP4 weights through qlinear's own Triton kernels on NVIDIA GPUs (declared; not built yet)."""
-
-    backend = BACKEND.BITSANDBYTES_TRITON
-    caps = Caps(formats={FORMAT.BITSANDBYTES: 50}, bits=frozenset({4}), group_sizes=None, desc_act=None, sym=None,
-                devices=frozenset({DEVICE.CUDA}), dtypes=frozenset({F16, BF16}), pack_dtypes=PACK_DTYPES,
-                requires_modules={"triton": "triton>=3.4"})
-
-
-KERNELS = (BitsAndBytesTorchLinear, BitsAndBytesTritonLinear)
+KERNELS = (BitsAndBytesTorchLinear,)
