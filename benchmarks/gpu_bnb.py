@@ -21,7 +21,6 @@ import contextlib
 import json
 import math
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -176,25 +175,11 @@ def decoded_weights(rt, st, wbnb: torch.Tensor, k: int, dtype: torch.dtype, qt: 
 # ---- timing ------------------------------------------------------------------------------------------------------
 
 def timed(fns: list[Fn], x: torch.Tensor, reps: int) -> float:
-    """Median us per call: one CUDA graph calling every fn (one weight copy each) once, replayed ``reps`` times."""
-    for f in fns:
-        f(x)  # compile, load, and prepare each copy's table forms before capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f(x)
-    g.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / len(fns))
-    del g
-    return statistics.median(times)
+    """``gpu_linear.timed`` (imported here: it loads the int4 kernels, after ``--interpret`` has been decided)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_linear import timed as graph_timed
+
+    return graph_timed(fns, x, reps)
 
 
 def cpu_timed(fns: list[Fn], x: torch.Tensor, reps: int) -> float:

@@ -12,20 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..ct_config import CompressedTensorsConfig
 from ..enums import FORMAT, METHOD
 from ..layouts import awq, gptq
 from ..spec import ConfigError, QuantizeConfig, fp8_format
-from . import plan_bnb, plan_ct, plan_fp8, plan_marlin, plan_qqq
-from .module_plan import ModulePlan, bias_errors
+from . import plan_bnb, plan_ct, plan_fp8, plan_gptq, plan_marlin, plan_qqq
+from .module_plan import ModulePlan
 from .safetensors_io import CheckpointError, TensorInfo, read_header
 
 #: Formats whose safetensors checkpoints qlinear reads, per method.
@@ -36,8 +33,6 @@ READABLE: Mapping[METHOD, tuple[FORMAT, ...]] = {
     METHOD.BITSANDBYTES: (FORMAT.BITSANDBYTES,),
     METHOD.COMPRESSED_TENSORS: (FORMAT.PACK_QUANTIZED, FORMAT.NAIVE_QUANTIZED, FORMAT.INT_QUANTIZED,
                                 FORMAT.FLOAT_QUANTIZED, FORMAT.NVFP4_PACK_QUANTIZED, FORMAT.MXFP4_PACK_QUANTIZED)}
-#: Leaf names that mark a module as quantized (``scales`` alone does not: plenty of float modules have one).
-MARKERS = frozenset({"qweight", "qzeros", "g_idx", "scaled_zeros"})
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 CONFIG_FILES = ("quantize_config.json", "quant_config.json")
 
@@ -182,91 +177,6 @@ def _readable() -> str:
     return "; ".join(f"{m.value}: {', '.join(f.value for f in fs)}" for m, fs in READABLE.items())
 
 
-def module_config(config: QuantizeConfig, name: str) -> QuantizeConfig | None:
-    """``config`` with GPTQModel's ``dynamic`` rule for ``name`` applied (first match wins; ``-:`` = not quantized)."""
-    for pattern, override in (config.extra.get("dynamic") or {}).items():
-        raw = pattern[2:] if pattern.startswith(("-:", "+:")) else pattern
-        if not re.match(raw, name):
-            continue
-        if pattern.startswith("-:"):
-            return None
-        fields = {k: override[k] for k in ("bits", "group_size", "sym", "desc_act") if k in (override or {})}
-        try:
-            return dataclasses.replace(config, **fields)
-        except (ConfigError, ValueError) as err:
-            raise CheckpointError(f"{name}: dynamic rule {pattern!r}: {err}") from None
-    return config
-
-
-def _dim(info: TensorInfo, rank: int, axis: int, what: str) -> int:
-    if len(info.shape) != rank:
-        raise CheckpointError(f"{info.name}: expected a {rank}-D tensor {what}, found {info.describe()}")
-    return info.shape[axis]
-
-
-def _infer_shape(fmt: FORMAT, t: Mapping[str, TensorInfo]) -> tuple[int, int]:
-    """(in_features, out_features) read off the tensors that carry them without ambiguity."""
-    if fmt in gptq.GPTQ_LAYOUT_FORMATS:
-        return _dim(t["g_idx"], 1, 0, "[in_features]"), _dim(t["scales"], 2, 1, "[groups, out_features]")
-    if fmt is FORMAT.GEMM:
-        return _dim(t["qweight"], 2, 0, "[in_features, packed]"), _dim(t["scales"], 2, 1, "[groups, out_features]")
-    if fmt is FORMAT.GEMV:
-        return 8 * _dim(t["qweight"], 2, 1, "[out_features, in_features/8]"), _dim(t["qweight"], 2, 0, "")
-    return _dim(t["qweight"], 2, 1, "[out_features/4, in_features]"), _dim(t["scales"], 2, 1, "[rows, out_features]")
-
-
-def _required(config: QuantizeConfig) -> tuple[str, ...]:
-    if config.method is METHOD.GPTQ:
-        return ("qweight", "qzeros", "scales", "g_idx")
-    return ("qweight", awq.zeros_name(config.checkpoint_format), "scales")
-
-
-def plan_module(name: str, leaves: Mapping[str, TensorInfo], config: QuantizeConfig, source: str) -> ModulePlan:
-    """Resolve and check one quantized module; raises listing every problem, each naming the tensor."""
-    fmt, need = config.checkpoint_format, _required(config)
-    what = f"a {config.method.value} {fmt.value} module needs {', '.join(need)} (+ optional bias)"
-    errors = [f"{name}.{leaf}: missing ({what})" for leaf in need if leaf not in leaves]
-    errors += [f"{name}.{leaf}: unexpected tensor in a quantized module ({what})"
-               for leaf in sorted(leaves) if leaf not in need and leaf != "bias"]
-    if errors:
-        raise CheckpointError("\n".join(errors))
-    k, n = _infer_shape(fmt, leaves)
-    try:
-        scheme = config.scheme(k, n)
-        shapes = (gptq if config.method is METHOD.GPTQ else awq).checkpoint_shapes(scheme)
-    except (ConfigError, ValueError) as err:
-        raise CheckpointError(f"{name}: in_features {k}, out_features {n} (from the tensors) with the config in "
-                              f"{source}: {err}") from None
-    desc = (f"{fmt.value} {scheme.bits}-bit group_size {config.group_size} pack_dtype "
-            f"{str(scheme.pack_dtype).removeprefix('torch.')} in_features {k} out_features {n}, from {source}")
-    for leaf, (shape, dtype) in shapes.items():
-        info = leaves[leaf]
-        ok = (dtype, torch.bfloat16) if leaf == "scales" and fmt is FORMAT.GEMM else (dtype,)
-        if info.shape != shape or info.dtype not in ok:
-            errors.append(f"{name}.{leaf}: found {info.describe()}, but the config says shape {list(shape)} "
-                          f"dtype {' or '.join(map(str, ok))} ({desc})")
-    errors += bias_errors(name, leaves, n)
-    if errors:
-        raise CheckpointError("\n".join(errors))
-    return ModulePlan(name, scheme, dict(leaves))
-
-
-def _plan_gptq_awq(root: Path, groups: Mapping[str, Mapping[str, TensorInfo]], config: QuantizeConfig,
-                   source: str) -> tuple[dict[str, ModulePlan], list[str]]:
-    modules: dict[str, ModulePlan] = {}
-    errors: list[str] = []
-    for mod in sorted(m for m, leaves in groups.items() if MARKERS & leaves.keys()):
-        try:
-            cfg = module_config(config, mod)
-            if cfg is None:
-                raise CheckpointError(f"{mod}: holds quantized tensors but a '-:' dynamic rule in {source} says "
-                                      "it is not quantized")
-            modules[mod] = plan_module(mod, groups[mod], cfg, source)
-        except CheckpointError as err:
-            errors.append(str(err))
-    return modules, errors
-
-
 def plan_checkpoint(path: str | Path) -> CheckpointPlan:
     """The structure of a safetensors checkpoint (file or directory); raises listing every problem found."""
     root, files, tensors = find_tensors(Path(path))
@@ -297,7 +207,7 @@ def plan_checkpoint(path: str | Path) -> CheckpointPlan:
             modules, errors = plan_fp8.plan_modules(groups, raw, where)
         else:
             config, source, raw, model_config = read_config(root)
-            modules, errors = _plan_gptq_awq(root, groups, config, source)
+            modules, errors = plan_gptq.plan_marked(groups, config, source, plan_gptq.MARKERS, plan_gptq.plan_module)
     except ConfigError as err:
         raise CheckpointError(f"{where}: {err}" if not str(err).startswith(str(root)) else str(err)) from None
     if errors:

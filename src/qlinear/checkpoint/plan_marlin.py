@@ -27,6 +27,8 @@ from ..enums import FORMAT, METHOD
 from ..layouts import marlin, marlin_weight
 from ..spec import ConfigError, QuantizeConfig
 from .module_plan import ModulePlan, bias_errors, leaf_errors
+from .plan_gptq import MARKERS as LAYOUT_MARKERS
+from .plan_gptq import plan_module, quantized_config
 from .safetensors_io import CheckpointError, TensorInfo
 
 #: Leaf names that mark a module as a Marlin tile module.
@@ -105,9 +107,6 @@ def plan_modules(groups: Mapping[str, Mapping[str, TensorInfo]], config: Quantiz
                  ) -> tuple[dict[str, ModulePlan], dict[str, TensorInfo], list[str]]:
     """Every quantized module (tile modules and GPTQ/AWQ-layout ones), vLLM's workspaces set aside (full name ->
     info), and every problem found."""
-    from .plan import MARKERS as LAYOUT_MARKERS  # plan imports this module; its GPTQ/AWQ rules live there
-    from .plan import module_config, plan_module
-
     modules: dict[str, ModulePlan] = {}
     unused: dict[str, TensorInfo] = {}
     errors: list[str] = []
@@ -116,10 +115,7 @@ def plan_modules(groups: Mapping[str, Mapping[str, TensorInfo]], config: Quantiz
         if not tiles and not LAYOUT_MARKERS & leaves.keys():
             continue
         try:
-            cfg = module_config(config, mod)
-            if cfg is None:
-                raise CheckpointError(f"{mod}: holds quantized tensors but a '-:' dynamic rule in {source} says "
-                                      "it is not quantized")
+            cfg = quantized_config(config, mod, source)
             if tiles:
                 unused.update({f"{mod}.{leaf}": leaves[leaf] for leaf in SCRATCH & leaves.keys()})
                 modules[mod] = plan_tile_module(mod, leaves, cfg, source)

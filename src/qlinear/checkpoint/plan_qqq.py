@@ -15,6 +15,7 @@ from ..enums import METHOD
 from ..layouts import qqq
 from ..spec import ConfigError, QuantizeConfig
 from .module_plan import ModulePlan, bias_errors, leaf_errors
+from .plan_gptq import plan_marked
 from .safetensors_io import CheckpointError, TensorInfo
 
 MARKERS = frozenset({"s_channel"})
@@ -64,17 +65,4 @@ def plan_module(name: str, leaves: Mapping[str, TensorInfo], config: QuantizeCon
 def plan_modules(groups: Mapping[str, Mapping[str, TensorInfo]], config: QuantizeConfig,
                  source: str) -> tuple[dict[str, ModulePlan], list[str]]:
     """Every QQQ module of the checkpoint, and every problem found (each naming the module and tensor)."""
-    from .plan import module_config  # the GPTQ dynamic rules (plan imports this module)
-
-    modules: dict[str, ModulePlan] = {}
-    errors: list[str] = []
-    for mod in sorted(m for m, leaves in groups.items() if MARKERS & leaves.keys()):
-        try:
-            cfg = module_config(config, mod)
-            if cfg is None:
-                raise CheckpointError(f"{mod}: holds QQQ tensors but a '-:' dynamic rule in {source} says it is "
-                                      "not quantized")
-            modules[mod] = plan_module(mod, groups[mod], cfg, source)
-        except CheckpointError as err:
-            errors.append(str(err))
-    return modules, errors
+    return plan_marked(groups, config, source, MARKERS, plan_module, "QQQ")

@@ -16,12 +16,13 @@ from ..enums import ALL_DEVICES, BACKEND, DEVICE, FORMAT
 from ..layouts import bnb
 from ..target import Target
 from .bnb_base import TILE_ELEMENTS, BnbQuantLinear
+from .row_tiles import RowTileForward
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 PACK_DTYPES = frozenset({torch.int8, torch.int16, torch.int32, torch.int64})
 
 
-class BitsAndBytesTorchLinear(BnbQuantLinear):
+class BitsAndBytesTorchLinear(RowTileForward, BnbQuantLinear):
     """bitsandbytes 4-bit (NF4 / FP4, any blocksize, double-quantized or not) and 8-bit weights, exact, any device.
 
     Ranked below the bitsandbytes package's own kernel (40) for AUTO, which passes that one over wherever it
@@ -30,22 +31,6 @@ class BitsAndBytesTorchLinear(BnbQuantLinear):
     backend = BACKEND.BITSANDBYTES_TORCH
     caps = Caps(formats={FORMAT.BITSANDBYTES: 30}, bits=frozenset({4, 8}), group_sizes=None, desc_act=None, sym=None,
                 devices=ALL_DEVICES, dtypes=frozenset({F16, BF16, F32}), pack_dtypes=PACK_DTYPES)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = self.out_features
-        self.check_input(x)
-        self.ensure_prepared()
-        x2 = x.reshape(-1, self.in_features)
-        y = self._native(x2)
-        if y is None:
-            y = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
-            step = self.tile_rows()
-            for n0 in range(0, n, step):
-                n1 = min(n, n0 + step)
-                torch.matmul(x2, self.decode_rows(n0, n1, x.dtype).t(), out=y[:, n0:n1])
-        if self.bias is not None:
-            y += self.bias.to(x.dtype)
-        return y.reshape(*x.shape[:-1], n)
 
     def _native(self, x2: torch.Tensor) -> torch.Tensor | None:
         """qlinear's native CPU kernel (``native_lut4``: the float32 weight ``table[c] * absmax`` unrounded, exact

@@ -15,30 +15,15 @@ from ..enums import ALL_DEVICES, BACKEND, FORMAT
 from ..target import Target
 from .float_base import FloatQuantLinear, fp8_element_reasons
 from .planned.float_formats import TorchFP8Linear as _DeclaredFP8
+from .row_tiles import RowTileForward
 
 #: The reference declares FP8: 15; qlinear also reads the same FP8 weights from transformers' and
 #: compressed-tensors' checkpoints (deliberate widening, listed in tests/test_declarations.py).
 FP8_FORMATS = {FORMAT.FP8: 15, FORMAT.HF_FP8: 15, FORMAT.FLOAT_QUANTIZED: 15, FORMAT.NAIVE_QUANTIZED: 15}
 
 
-class _TorchFloat(FloatQuantLinear):
+class _TorchFloat(RowTileForward, FloatQuantLinear):
     """The shared forward: row tiles decoded and multiplied (or the native extra's kernel on CPU)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = self.out_features
-        self.check_input(x)
-        self.ensure_prepared()
-        x2 = x.reshape(-1, self.in_features)
-        y = self._native(x2)
-        if y is None:
-            y = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
-            step = self.tile_rows()
-            for n0 in range(0, n, step):
-                n1 = min(n, n0 + step)
-                torch.matmul(x2, self.decode_rows(n0, n1, x.dtype).t(), out=y[:, n0:n1])
-        if self.bias is not None:
-            y += self.bias.to(x.dtype)
-        return y.reshape(*x.shape[:-1], n)
 
     def _native(self, x2: torch.Tensor) -> torch.Tensor | None:
         from . import native_float
