@@ -5,12 +5,14 @@ from setuptools import Extension, setup
 FLAGS = ["-O3", "-march=native", "-std=gnu11"]
 OPENMP = ["-fopenmp"]  # the int4 and block kernels split output channels over torch's thread count
 SRC = "src/qlinear_native/"
+COMMON = SRC + "cpu_common.h"  # helpers the four kernel extensions share (thread split, rounding, CPU checks)
+KERNEL = dict(extra_compile_args=FLAGS + OPENMP, extra_link_args=OPENMP)
 setup(ext_modules=[Extension("qlinear_native._decode", [SRC + "_decode.c"], extra_compile_args=FLAGS),
                    Extension("qlinear_native._int4", [SRC + f for f in ("_int4.c", "int4_amx.c", "int4_mv.c")],
-                             depends=[SRC + "int4.h"], extra_compile_args=FLAGS + OPENMP, extra_link_args=OPENMP),
+                             depends=[SRC + "int4.h", COMMON], **KERNEL),
                    Extension("qlinear_native._blocks", [SRC + "_blocks.c", SRC + "blocks.c"],
-                             depends=[SRC + "blocks.h"], extra_compile_args=FLAGS + OPENMP, extra_link_args=OPENMP),
+                             depends=[SRC + "blocks.h", COMMON], **KERNEL),
                    Extension("qlinear_native._float", [SRC + f for f in ("_float.c", "float8_mv.c", "float8_amx.c")],
-                             depends=[SRC + "float8.h"], extra_compile_args=FLAGS + OPENMP, extra_link_args=OPENMP),
+                             depends=[SRC + "float8.h", COMMON], **KERNEL),
                    Extension("qlinear_native._lut4", [SRC + f for f in ("_lut4.c", "lut4_mv.c", "lut4_mm.c")],
-                             depends=[SRC + "lut4.h"], extra_compile_args=FLAGS + OPENMP, extra_link_args=OPENMP)])
+                             depends=[SRC + "lut4.h", COMMON], **KERNEL)])

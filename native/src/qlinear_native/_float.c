@@ -104,7 +104,7 @@ static PyObject *run(PyObject *args, kernel_id id) {
     qf_call c;
     if (!parse(args, id, &c))
         return NULL;
-#if QF_X86
+#if QL_X86
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = id == FP8_MV ? qf_fp8_mv(&c) : id == FP8_MM ? qf_fp8_amx(&c) : id == FP4_MV ? qf_fp4_mv(&c) : qf_fp4_amx(&c);

@@ -81,7 +81,7 @@ static PyObject *run(PyObject *args, int amx) {
     q4_call c;
     if (!parse(args, amx, &c))
         return NULL;
-#if Q4_X86
+#if QL_X86
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = amx ? q4_mm(&c) : q4_mv(&c);

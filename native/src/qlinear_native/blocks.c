@@ -13,18 +13,12 @@
  * bytes the file holds; at about 9 vector operations per 32 weights the loop, not the stream, bounds it on
  * one core. Up to 4 activation rows share each converted block. Output rows are split over `threads`
  * (OpenMP), each row summed by one thread in a fixed order, so results do not depend on the thread count. */
-#include <stdint.h>
+#include "cpu_common.h"
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__F16C__)
-#include <cpuid.h>
-#include <immintrin.h>
 #define QL_Q8 1
 #else
 #define QL_Q8 0
-#endif
-
-#ifdef _OPENMP
-#include <omp.h>
 #endif
 
 #include "blocks.h"
@@ -35,16 +29,14 @@
 #define CHUNK 64 /* blocks whose scales are converted ahead at a time */
 
 #if QL_Q8
-/* AVX-512 state saved by the OS (XCR0 bits 1, 2, 5, 6, 7), so zmm registers survive context switches. */
+/* F16C and AVX512F, with the AVX-512 state saved by the OS, so zmm registers survive context switches. */
 int ql_blocks_ready(void) {
     unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1) || !((c >> 29) & 1)) /* OSXSAVE, F16C */
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 29) & 1)) /* F16C */
         return 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((b >> 16) & 1)) /* AVX512F */
         return 0;
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return (lo & 0xe6) == 0xe6;
+    return ql_os_avx512();
 }
 
 #define NR 2 /* output rows per pass (they share each activation load) */

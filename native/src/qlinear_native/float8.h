@@ -21,24 +21,7 @@
  */
 #ifndef QLINEAR_FLOAT8_H
 #define QLINEAR_FLOAT8_H
-#include <stdint.h>
-#include <string.h>
-#if defined(__x86_64__) && defined(__linux__)
-#include <cpuid.h>
-#include <immintrin.h>
-#define QF_X86 1
-#else
-#define QF_X86 0
-#endif
-
-#ifdef _OPENMP
-#include <omp.h>
-#define QF_THREAD omp_get_thread_num()
-#define QF_THREADS omp_get_num_threads()
-#else
-#define QF_THREAD 0
-#define QF_THREADS 1
-#endif
+#include "cpu_common.h"
 
 typedef enum { QF_E4M3 = 0, QF_E5M2 = 1 } qf_fp8;
 typedef enum { QF_NVFP4 = 0, QF_MXFP4 = 1 } qf_fp4;
@@ -55,26 +38,10 @@ typedef struct {
     float g;
 } qf_call;
 
-/* This thread's share [*lo, *hi) of `units` equal work units (inside a parallel region, or all of them). */
-static inline void qf_share(int64_t units, int64_t *lo, int64_t *hi) {
-    const int64_t t = QF_THREAD, nt = QF_THREADS;
-    *lo = units * t / nt;
-    *hi = units * (t + 1) / nt;
-}
-
-/* float32 -> bfloat16, round to nearest even (NaN stays a quiet NaN), as torch rounds. */
-static inline uint16_t qf_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
-        return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1)) >> 16);
-}
-
 /* Store y into out[i, j] (float32 or bfloat16 by c->out_bf16). */
 static inline void qf_put(const qf_call *c, int64_t i, int64_t j, float y) {
     if (c->out_bf16)
-        ((uint16_t *)c->out)[i * c->ldo + j] = qf_bf16(y);
+        ((uint16_t *)c->out)[i * c->ldo + j] = ql_bf16(y);
     else
         ((float *)c->out)[i * c->ldo + j] = y;
 }
@@ -91,19 +58,21 @@ void qf_init(void);
 /* E8M0 bytes whose table row is exact: every E2M1 magnitude times 2**(s - 127) a normal, finite bfloat16. */
 static inline int qf_mx_exact(unsigned s) { return s >= 2 && s <= 252; }
 
+/* VPERMT2B indices (ib[0], ib[1]) that interleave a vector of low bytes and one of high bytes (index 64 + i) into
+ * bfloat16 words in column order: words 0..31, then 32..63. */
+static inline void qf_column_order(uint8_t ib[2][64]) {
+    for (int j = 0; j < 32; j++) {
+        ib[0][2 * j] = (uint8_t)j;
+        ib[0][2 * j + 1] = (uint8_t)(64 + j);
+        ib[1][2 * j] = (uint8_t)(32 + j);
+        ib[1][2 * j + 1] = (uint8_t)(96 + j);
+    }
+}
+
 int qf_mv_ready(void);
 int qf_amx_ready(void);
-#if QF_X86
+#if QL_X86
 #define QF_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,fma")))
-/* Does the OS save the AVX-512 state (XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM)? */
-static inline int qf_os_avx512(void) {
-    unsigned a, b, c, d, lo, hi;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) /* OSXSAVE */
-        return 0;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    (void)hi;
-    return (lo & 0xE6) == 0xE6;
-}
 
 /* AVX-512 kernels, any M (float8_mv.c); 0, or -1 when out of memory. The _range forms compute output
  * channels [n_lo, n_hi) on the calling thread only. */

@@ -29,14 +29,10 @@
  * AMX needs the kernel's permission to use tile data (arch_prctl ARCH_REQ_XCOMP_PERM), asked by qf_amx_ready().
  */
 #include "float8.h"
-#if QF_X86
+#if QL_X86
 #include <stdlib.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,fma")))
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
 /* Bytes ahead in each weight row that the decode prefetches, the hint, and the segment length (columns). Measured
  * on 4096x14336 at M = 1 and 16: prefetch 0 to 256 equal within noise, 512 to 2048 (T0 or T1) 5-20% slower;
  * QF_KC 256 equal, 1024 15-30% slower. */
@@ -56,22 +52,11 @@
 #define QF_HINT4 QF_HINT
 #endif
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
 static int amx_state = -1; /* -1 unknown, 0 no, 1 yes */
 
-int qf_amx_ready(void) {
-    if (amx_state < 0) {
-        unsigned a, b, c, d;
-        int ok = qf_mv_ready() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24) & 1 && (d >> 22) & 1;
-        amx_state = ok && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-    }
-    return amx_state;
-}
+/* AMX-BF16 on top of the AVX-512 kernels' requirements: the decode uses their VBMI tables, and FP4 groups with
+ * an inexact scale run on them. */
+int qf_amx_ready(void) { return ql_amx_ready_once(&amx_state, qf_mv_ready); }
 
 /* Shape of one call: a group is 16 output channels (one A tile: 16 separate weight rows stream at once, which
  * the prefetchers follow; 64 rows at once measured 1.5-2x slower) or, when M > 16, 32 (two A tiles, each B tile
@@ -124,15 +109,10 @@ static void pack_b(const qf_call *c, const shape *s, int fp8, uint16_t *bp) {
     }
 }
 
+/* Tiles 0-3: C (16 channels x mc float32); 4, 5: A (16 channels x 32 bfloat16); 6, 7: B (16 pairs x mc rows). */
 AMX_TARGET static void config_tiles(const shape *s) {
-    tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 8; i++) {
-        cfg.rows[i] = 16;
-        cfg.colsb[i] = (uint16_t)(i == 4 || i == 5 ? 64 : 4 * s->mc);
-    }
-    _tile_loadconfig(&cfg);
+    const uint16_t cb = (uint16_t)(4 * s->mc);
+    ql_load_tiles((const uint16_t[8]){cb, cb, cb, cb, 64, 64, cb, cb});
 }
 
 /* Decode columns [k0, k1) of the group's 16 channels into abuf [step][16][32] (fp8). */
@@ -142,13 +122,8 @@ AMX_TARGET static void decode_fp8(const qf_call *c, const shape *s, int64_t n0, 
     const __m512i l0 = _mm512_loadu_si512((const void *)lo8), l1 = _mm512_loadu_si512((const void *)(lo8 + 64));
     const __m512i h0 = _mm512_loadu_si512((const void *)hi8), h1 = _mm512_loadu_si512((const void *)(hi8 + 64));
     const __m512i sign = _mm512_set1_epi8((char)0x80);
-    uint8_t ib[2][64]; /* column order: words 0..31 from low/high byte tables (index 64 + i: the high bytes) */
-    for (int j = 0; j < 32; j++) {
-        ib[0][2 * j] = (uint8_t)j;
-        ib[0][2 * j + 1] = (uint8_t)(64 + j);
-        ib[1][2 * j] = (uint8_t)(32 + j);
-        ib[1][2 * j + 1] = (uint8_t)(96 + j);
-    }
+    uint8_t ib[2][64];
+    qf_column_order(ib);
     const __m512i nat0 = _mm512_loadu_si512(ib[0]), nat1 = _mm512_loadu_si512(ib[1]);
     for (int64_t r = 0; r < 16; r++) {
         const int64_t ch = n0 + r < c->n ? n0 + r : c->n - 1;
@@ -401,7 +376,7 @@ AMX_TARGET static int group(const qf_call *c, const shape *s, int fp8, const uin
 AMX_TARGET static int run(const qf_call *c, int fp8) {
     const shape s = shape_of(c, fp8);
     const int64_t units = (c->n + 16 * s.ta - 1) / (16 * s.ta);
-    const int threads = c->threads < 1 ? 1 : c->threads > units ? (int)units : c->threads;
+    const int threads = ql_threads(c->threads, units);
     uint16_t *bp = aligned_alloc(64, (size_t)(s.mt * s.steps * 32 * s.mc) * 2);
     if (!bp)
         return -1;
@@ -410,7 +385,7 @@ AMX_TARGET static int run(const qf_call *c, int fp8) {
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         int64_t lo, hi;
-        qf_share(units, &lo, &hi);
+        ql_thread_share(units, &lo, &hi);
         uint16_t *abuf = aligned_alloc(64, (size_t)(s.ta * s.kc / 32 * 512) * 2);
         float *cb = aligned_alloc(64, (size_t)(4 * 256) * sizeof(float));
         float *acc = aligned_alloc(64, (size_t)(s.ta * s.mt * 16 * s.mc) * sizeof(float));

@@ -68,18 +68,18 @@ void qf_init(void) {
         const float mx = s == 255 ? NAN : ldexpf(1.0f, s - 127);
         for (int q = 0; q < 16; q++) {
             qf_nv_tab[s][q] = bits16(qf_e2m1[q] * nv); /* exact: at most 6 significant bits, a normal bfloat16 */
-            qf_mx_tab[s][q] = qf_bf16(qf_e2m1[q] * mx); /* exact for 2 <= s <= 252 */
+            qf_mx_tab[s][q] = ql_bf16(qf_e2m1[q] * mx); /* exact for 2 <= s <= 252 */
         }
     }
 }
 
-#if QF_X86
+#if QL_X86
 int qf_mv_ready(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
         return 0;
     /* AVX512 F, DQ, BW, VL; VBMI */
-    return (b >> 16) & 1 && (b >> 17) & 1 && (b >> 30) & 1 && (b >> 31) & 1 && (c >> 1) & 1 && qf_os_avx512();
+    return (b >> 16) & 1 && (b >> 17) & 1 && (b >> 30) & 1 && (b >> 31) & 1 && (c >> 1) & 1 && ql_os_avx512();
 }
 
 #define AI __attribute__((always_inline))
@@ -236,11 +236,11 @@ int qf_fp8_mv(const qf_call *c) {
         return -1;
     for (int64_t i = 0; i < c->m; i++)
         fp8_x(c->x + i * c->ldx, c->k, kp, xf + i * kp);
-    const int threads = c->threads < 1 ? 1 : c->threads > units ? (int)units : c->threads;
+    const int threads = ql_threads(c->threads, units);
 #pragma omp parallel num_threads(threads)
     {
         int64_t lo, hi;
-        qf_share(units, &lo, &hi);
+        ql_thread_share(units, &lo, &hi);
         fp8_units(c, xf, kp, lo * 8, hi * 8 < c->n ? hi * 8 : c->n);
     }
     free(xf);
@@ -268,13 +268,8 @@ QF_TARGET static void fp4_scales(const uint8_t *s, int64_t cnt, int64_t cnt_pad,
     if (fmt == QF_NVFP4) {
         fp8_tabs tabs, *t = &tabs;
         fp8_tables(t, QF_E4M3);
-        uint8_t ib[2][64]; /* column order: words 0..31 from the low / high byte vectors */
-        for (int j = 0; j < 32; j++) {
-            ib[0][2 * j] = (uint8_t)j;
-            ib[0][2 * j + 1] = (uint8_t)(64 + j);
-            ib[1][2 * j] = (uint8_t)(32 + j);
-            ib[1][2 * j + 1] = (uint8_t)(96 + j);
-        }
+        uint8_t ib[2][64];
+        qf_column_order(ib);
         const __m512i nat0 = _mm512_loadu_si512(ib[0]), nat1 = _mm512_loadu_si512(ib[1]);
         for (; i + 64 <= cnt; i += 64) {
             const __m512i v = _mm512_loadu_si512((const void *)(s + i));
@@ -409,7 +404,7 @@ int qf_fp4_mv_range(const qf_call *c, int64_t n_lo, int64_t n_hi) {
 
 int qf_fp4_mv(const qf_call *c) {
     const int64_t units = (c->n + 7) / 8;
-    const int threads = c->threads < 1 ? 1 : c->threads > units ? (int)units : c->threads;
+    const int threads = ql_threads(c->threads, units);
     int64_t kp, nsp;
     float *buf = fp4_scratch(c, threads, &kp, &nsp);
     if (!buf)
@@ -417,9 +412,9 @@ int qf_fp4_mv(const qf_call *c) {
 #pragma omp parallel num_threads(threads)
     {
         int64_t lo, hi;
-        qf_share(units, &lo, &hi);
+        ql_thread_share(units, &lo, &hi);
         fp4_units(c, buf, kp, lo * 8, hi * 8 < c->n ? hi * 8 : c->n,
-                  (uint16_t *)(buf + c->m * kp) + QF_THREAD * 8 * nsp, nsp);
+                  (uint16_t *)(buf + c->m * kp) + QL_THREAD * 8 * nsp, nsp);
     }
     free(buf);
     return 0;

@@ -9,30 +9,7 @@
  */
 #ifndef QLINEAR_INT4_H
 #define QLINEAR_INT4_H
-#include <stdint.h>
-#include <string.h>
-#if defined(__x86_64__) && defined(__linux__)
-#include <immintrin.h>
-#define QL_X86 1
-#else
-#define QL_X86 0
-#endif
-
-#ifdef _OPENMP
-#include <omp.h>
-#define QL_THREAD omp_get_thread_num()
-#define QL_THREADS omp_get_num_threads()
-#else
-#define QL_THREAD 0
-#define QL_THREADS 1
-#endif
-
-/* This thread's share [*lo, *hi) of `units` equal work units (inside a parallel region, or all of them). */
-static inline void thread_share(int64_t units, int64_t *lo, int64_t *hi) {
-    const int64_t t = QL_THREAD, nt = QL_THREADS;
-    *lo = units * t / nt;
-    *hi = units * (t + 1) / nt;
-}
+#include "cpu_common.h"
 
 #if QL_X86
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,fma")))
@@ -86,20 +63,6 @@ int ql_amx_mm_weights(const uint16_t *x, int64_t ldx, const uint8_t *packed, con
 /* AVX512-BF16 GEMV for one or two rows (int4_mv.c). */
 int ql_mv(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out, int64_t ldo,
           int64_t m, int64_t k, int64_t n, int64_t group, int threads);
-#endif
-
-#if QL_X86
-#include <cpuid.h>
-/* Does the OS save the AVX-512 state (XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM)? A CPU flag alone is not
- * enough: a hypervisor can hide the state, and the first 512-bit instruction would then fault. */
-static inline int os_saves_avx512(void) {
-    unsigned a, b, c, d, lo, hi;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) /* OSXSAVE */
-        return 0;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    (void)hi;
-    return (lo & 0xE6) == 0xE6;
-}
 #endif
 
 /* 1 when this CPU and the OS let the kernels run; 0 elsewhere, including non-x86 builds. */

@@ -14,37 +14,23 @@
 #include "int4.h"
 #if QL_X86
 #include <stdlib.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,fma")))
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
-static int amx_state = -1; /* -1 unknown, 0 no, 1 yes */
-
-static int cpu_has_amx_bf16(void) {
+/* The AVX-512 these kernels use beside the tiles: F, BW, VBMI and BF16, with the OS saving the state. */
+static int amx_avx512(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
         return 0;
     int avx512 = (b >> 16) & 1 && (b >> 30) & 1 && (c >> 1) & 1; /* AVX512F, AVX512BW, AVX512_VBMI */
-    int tile = (d >> 24) & 1, bf16 = (d >> 22) & 1;
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d))
         return 0;
-    return avx512 && tile && bf16 && ((a >> 5) & 1) && os_saves_avx512(); /* AVX512_BF16 */
+    return avx512 && ((a >> 5) & 1) && ql_os_avx512(); /* AVX512_BF16 */
 }
 
-int ql_amx_ready(void) {
-    if (amx_state < 0)
-        amx_state = cpu_has_amx_bf16() && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-    return amx_state;
-}
+static int amx_state = -1; /* -1 unknown, 0 no, 1 yes */
+
+int ql_amx_ready(void) { return ql_amx_ready_once(&amx_state, amx_avx512); }
 
 /* Decode rows [k0, k0 + kc) of output channels [n0, n0 + ng) into buf: [kc/32][ng/16] tiles of [16][32] bf16,
  * tile row r holding the k-pair (2r, 2r+1) interleaved per channel. */
@@ -103,16 +89,7 @@ AMX_TARGET static void pack_a(const uint16_t *x, int64_t ldx, int64_t m, int64_t
             }
 }
 
-AMX_TARGET static void config_tiles(void) {
-    tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 8; i++) {
-        cfg.rows[i] = 16;
-        cfg.colsb[i] = 64;
-    }
-    _tile_loadconfig(&cfg);
-}
+AMX_TARGET static void config_tiles(void) { ql_load_tiles((const uint16_t[8]){64, 64, 64, 64, 64, 64, 64, 64}); }
 
 /* C[32 rows, 32 channels] += A x B over one chunk: four 16x16 float32 tiles, two A and two B tiles. */
 AMX_TARGET static void block_2x2(const uint16_t *a0, const uint16_t *a1, const uint16_t *b0, const uint16_t *b1,
@@ -249,7 +226,7 @@ AMX_TARGET int ql_amx_mm_weights(const uint16_t *x, int64_t ldx, const uint8_t *
     ng = ng < n ? ng : n;
     kc = kc < k ? kc : k;
     const int64_t mp = (m + 15) / 16 * 16, units = (n + ng - 1) / ng;
-    threads = threads < 1 ? 1 : threads > units ? (int)units : threads;
+    threads = ql_threads(threads, units);
     uint16_t *a = aligned_alloc(64, (size_t)(mp * k * 2)), *buf = aligned_alloc(64, (size_t)(threads * kc * ng * 2));
     float *c = aligned_alloc(64, (size_t)(threads * mp * ng * 4));
     int ok = a && buf && c;
@@ -258,7 +235,7 @@ AMX_TARGET int ql_amx_mm_weights(const uint16_t *x, int64_t ldx, const uint8_t *
 #pragma omp parallel num_threads(threads)
         {
             int64_t lo, hi;
-            thread_share(units, &lo, &hi);
+            ql_thread_share(units, &lo, &hi);
             const int64_t t = QL_THREAD;
             config_tiles();
             mm_weights(a, packed, sz, out, ldo, m, k, n, group, ng, kc, lo * ng, hi * ng < n ? hi * ng : n,
@@ -276,7 +253,7 @@ AMX_TARGET int ql_amx_mm_codes(const uint16_t *x, int64_t ldx, const uint8_t *pa
                                uint16_t *out, int64_t ldo, int64_t m, int64_t k, int64_t n, int64_t group,
                                int threads) {
     const int64_t mp = (m + 15) / 16 * 16, units = n / 64;
-    threads = threads < 1 ? 1 : threads > units ? (int)units : threads;
+    threads = ql_threads(threads, units);
     uint16_t *a = aligned_alloc(64, (size_t)(mp * k * 2)), *buf = aligned_alloc(64, (size_t)(threads * group * 64 * 2));
     float *rs = malloc((size_t)(m * (k / group) * 4)), *cg = aligned_alloc(64, (size_t)(threads * 16 * 64 * 4)),
           *acc = aligned_alloc(64, (size_t)(threads * mp * 64 * 4));
@@ -287,7 +264,7 @@ AMX_TARGET int ql_amx_mm_codes(const uint16_t *x, int64_t ldx, const uint8_t *pa
 #pragma omp parallel num_threads(threads)
         {
             int64_t lo, hi;
-            thread_share(units, &lo, &hi);
+            ql_thread_share(units, &lo, &hi);
             const int64_t t = QL_THREAD;
             config_tiles();
             mm_codes(a, rs, packed, sz, out, ldo, m, k, n, group, lo * 64, hi * 64, buf + t * group * 64,

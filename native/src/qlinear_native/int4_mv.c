@@ -10,7 +10,6 @@
 #if QL_X86
 #include <stdlib.h>
 
-
 int ql_mv_ready(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
@@ -18,7 +17,7 @@ int ql_mv_ready(void) {
     int base = (b >> 16) & 1 && (b >> 30) & 1 && (b >> 31) & 1 && (c >> 1) & 1; /* F, BW, VL, VBMI */
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d))
         return 0;
-    return base && ((a >> 5) & 1) && os_saves_avx512(); /* AVX512_BF16 */
+    return base && ((a >> 5) & 1) && ql_os_avx512(); /* AVX512_BF16 */
 }
 
 /* rows (1 or 2) of x times one 64-channel block, written to out[:, c0:c0+64]; rs: the rows' per-group sums. */
@@ -86,11 +85,11 @@ AVX512_TARGET int ql_mv(const uint16_t *x, int64_t ldx, const uint8_t *packed, c
         return -1;
     row_sums(x, ldx, m, k, group, rs);
     const int64_t units = n / 64;
-    threads = threads < 1 ? 1 : threads > units ? (int)units : threads;
+    threads = ql_threads(threads, units);
 #pragma omp parallel num_threads(threads)
     {
         int64_t lo, hi;
-        thread_share(units, &lo, &hi);
+        ql_thread_share(units, &lo, &hi);
         for (int64_t i = 0; i < m; i += 2)
             for (int64_t c0 = lo * 64; c0 < hi * 64; c0 += 64) {
                 const uint8_t *blk = packed + (c0 / 64) * k * 32;

@@ -25,14 +25,10 @@
  * (the software pipelining in group()) and TILELOADDT1 for B measured no better.
  */
 #include "lut4.h"
-#if Q4_X86
+#if QL_X86
 #include <stdlib.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,fma")))
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
 /* K segment (columns) decoded per step of the pipeline (64: 5-10% slower, 256: 5-15% slower), and the hint of
  * the prefetch of the next group's codes (into L2). */
 #ifndef Q4_SEG
@@ -43,23 +39,10 @@
 #endif
 #define STEP (3 * 512) /* words of one decoded k-step: [3 terms][16 channels][32] */
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
 static int amx_state = -1; /* -1 unknown, 0 no, 1 yes */
 
-int q4_amx_ready(void) {
-    if (amx_state < 0) {
-        unsigned a, b, c, d;
-        /* AMX-TILE (EDX 24), AMX-BF16 (EDX 22), with the AVX-512 the decode uses */
-        int ok = q4_mv_ready() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24) & 1 && (d >> 22) & 1;
-        amx_state = ok && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-    }
-    return amx_state;
-}
+/* AMX-TILE and AMX-BF16, with the AVX-512 the decode uses (q4_mv_ready's). */
+int q4_amx_ready(void) { return ql_amx_ready_once(&amx_state, q4_mv_ready); }
 
 /* Column (within its k-step) of position p (0..31) of a decoded tile row. */
 static int position_column(int p) {
@@ -92,14 +75,8 @@ AMX_TARGET static void pack_b(const q4_call *c, int64_t mc, int64_t mt, uint16_t
 /* Tiles 0-3: C (16 channels x mc rows, float32) of up to four m-tiles; 4, 5, 6: the A tiles of the three terms
  * (16 channels x 32 columns); 7: B (16 column pairs x mc rows). */
 AMX_TARGET static void config_tiles(int64_t mc) {
-    tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 8; i++) {
-        cfg.rows[i] = 16;
-        cfg.colsb[i] = (uint16_t)(i >= 4 && i <= 6 ? 64 : 4 * mc);
-    }
-    _tile_loadconfig(&cfg);
+    const uint16_t cb = (uint16_t)(4 * mc);
+    ql_load_tiles((const uint16_t[8]){cb, cb, cb, cb, 64, 64, 64, cb});
 }
 
 /* Decode columns [k0, k1) of channels n0 + r0 .. n0 + r1 - 1 (of a group of 16; rows past N repeat row N - 1),
@@ -177,7 +154,7 @@ AMX_TARGET static inline void tdp_step(const uint16_t *a, const uint16_t *b, int
     }
 }
 
-/* float32 x16 -> bfloat16 x16, round to nearest even, NaN kept quiet (q4_bf16, 16 lanes). */
+/* float32 x16 -> bfloat16 x16, round to nearest even, NaN kept quiet (ql_bf16, 16 lanes). */
 AMX_TARGET static inline __m256i bf16x16(__m512 v) {
     const __m512i u = _mm512_castps_si512(v);
     const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
@@ -242,7 +219,7 @@ AMX_TARGET static void group(const q4_call *c, int64_t mc, int64_t mt, const uin
 
 AMX_TARGET int q4_mm(const q4_call *c) {
     const int64_t mc = c->m <= 16 ? c->m : 16, mt = (c->m + 15) / 16, units = (c->n + 15) / 16;
-    const int threads = c->threads < 1 ? 1 : c->threads > units ? (int)units : c->threads;
+    const int threads = ql_threads(c->threads, units);
     uint16_t *bp = aligned_alloc(64, (size_t)(mt * c->k * mc) * 2 + 64);
     if (!bp)
         return -1;
@@ -251,7 +228,7 @@ AMX_TARGET int q4_mm(const q4_call *c) {
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         int64_t lo, hi;
-        q4_share(units, &lo, &hi);
+        ql_thread_share(units, &lo, &hi);
         uint16_t *abuf = aligned_alloc(64, (size_t)(2 * Q4_SEG / 32 * STEP) * 2);
         float *cb = aligned_alloc(64, 4 * 256 * sizeof(float));
         if (abuf && cb) {

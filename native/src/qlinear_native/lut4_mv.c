@@ -20,7 +20,7 @@
 #include "lut4.h"
 #include <stdlib.h>
 
-#if Q4_X86
+#if QL_X86
 static int mv_state = -1; /* -1 unknown, 0 no, 1 yes: CPUID traps to the hypervisor in a VM (~30 us a call) */
 
 int q4_mv_ready(void) {
@@ -28,7 +28,7 @@ int q4_mv_ready(void) {
         unsigned a, b, c, d;
         /* AVX512 F, DQ, BW, VL */
         mv_state = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 16) & 1 && (b >> 17) & 1 && (b >> 30) & 1 &&
-                   (b >> 31) & 1 && q4_os_avx512();
+                   (b >> 31) & 1 && ql_os_avx512();
     }
     return mv_state;
 }
@@ -188,11 +188,11 @@ int q4_mv(const q4_call *c) {
     if (!xf)
         return -1;
     convert_x(c, unit_of(c->block), xf);
-    const int threads = c->threads < 1 ? 1 : c->threads > groups ? (int)groups : c->threads;
+    const int threads = ql_threads(c->threads, groups);
 #pragma omp parallel num_threads(threads)
     {
         int64_t lo, hi;
-        q4_share(groups, &lo, &hi);
+        ql_thread_share(groups, &lo, &hi);
         run_units(c, xf, lo * 8, hi * 8 < c->n ? hi * 8 : c->n);
     }
     free(xf);
