@@ -40,6 +40,8 @@ class METHOD(_LenientEnum):
     VPTQ = "vptq"
     PAROQUANT = "paroquant"
     EXL3 = "exl3"
+    EXL2 = "exl2"
+    MLX = "mlx"
     COMPRESSED_TENSORS = "compressed-tensors"
 
 
@@ -62,6 +64,8 @@ class FORMAT(_LenientEnum):
     VPTQ = "vptq"
     PAROQUANT = "paroquant"
     EXL3 = "exl3"
+    EXL2 = "exl2"  # ExLlamaV2's own mixed-bit checkpoints (q_weight, q_scale, q_groups, q_invperm)
+    MLX = "mlx"  # mlx-lm's affine quantization (uint32 words, scales and biases)
     # transformers' fine-grained FP8 (DeepSeek-V3 style): FP8 weight and a float32 `weight_scale_inv` that MULTIPLIES
     HF_FP8 = "hf_fp8"
     # compressed-tensors (llm-compressor) storage formats, named as its configs write them

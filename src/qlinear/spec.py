@@ -8,7 +8,7 @@ group size resolved to a length once, at construction, so no code downstream tes
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,8 @@ METHOD_FORMATS: Mapping[METHOD, frozenset[FORMAT]] = {
     METHOD.VPTQ: frozenset({FORMAT.VPTQ}),
     METHOD.PAROQUANT: frozenset({FORMAT.PAROQUANT}),
     METHOD.EXL3: frozenset({FORMAT.EXL3}),
+    METHOD.EXL2: frozenset({FORMAT.EXL2}),
+    METHOD.MLX: frozenset({FORMAT.MLX}),
     METHOD.COMPRESSED_TENSORS: frozenset({FORMAT.PACK_QUANTIZED, FORMAT.NAIVE_QUANTIZED, FORMAT.INT_QUANTIZED,
                                           FORMAT.FLOAT_QUANTIZED, FORMAT.NVFP4_PACK_QUANTIZED,
                                           FORMAT.MXFP4_PACK_QUANTIZED}),
@@ -257,6 +259,10 @@ class Scheme:
     blocksize: int | None = None
     #: bitsandbytes 4-bit only: ``absmax`` itself quantized to uint8 (a nested 8-bit state plus an offset).
     double_quant: bool = False
+    #: Structure of a non-affine format that the fields above cannot hold, as one frozen (hashable) dataclass
+    #: defined by that format's layout module: EXL3 trellis parameters, VPTQ codebook sizes, EXL2 per-group bit
+    #: widths, ParoQuant rotation counts. None for every other format.
+    layout_params: Hashable | None = None
 
     def __post_init__(self) -> None:
         for name in ("in_features", "out_features"):

@@ -11,6 +11,7 @@ modules are planned here; compressed-tensors ones in ``plan_ct`` and FP8 ones in
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +34,11 @@ READABLE: Mapping[METHOD, tuple[FORMAT, ...]] = {
     METHOD.BITSANDBYTES: (FORMAT.BITSANDBYTES,),
     METHOD.COMPRESSED_TENSORS: (FORMAT.PACK_QUANTIZED, FORMAT.NAIVE_QUANTIZED, FORMAT.INT_QUANTIZED,
                                 FORMAT.FLOAT_QUANTIZED, FORMAT.NVFP4_PACK_QUANTIZED, FORMAT.MXFP4_PACK_QUANTIZED)}
+#: Methods planned by a module of their own, ``checkpoint/<module>.py``, which exposes
+#: ``plan_modules(groups, raw, where) -> (config, modules, unused, errors)`` (``groups``: module -> leaf -> tensor).
+FAMILY_PLANNERS: Mapping[METHOD, str] = {
+    METHOD.EXL2: "plan_exl2", METHOD.EXL3: "plan_exl3", METHOD.VPTQ: "plan_vptq", METHOD.PAROQUANT: "plan_paro",
+    METHOD.MLX: "plan_mlx"}
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 CONFIG_FILES = ("quantize_config.json", "quant_config.json")
 
@@ -153,7 +159,7 @@ def config_method(raw: Mapping[str, Any], where: str) -> METHOD | None:
     except ValueError:
         raise CheckpointError(f"{where}: unknown quant_method {raw['quant_method']!r}; qlinear knows "
                               f"{', '.join(m.value for m in METHOD)}") from None
-    if method not in READABLE:
+    if method not in READABLE and method not in FAMILY_PLANNERS:
         raise CheckpointError(f"{where}: unsupported format: quant_method {method.value!r} checkpoints "
                               f"are not read yet; qlinear reads {_readable()}")
     return method
@@ -198,6 +204,9 @@ def plan_checkpoint(path: str | Path) -> CheckpointPlan:
             modules, unused, errors = plan_ct.plan_modules(groups, config, where)
         elif method is METHOD.BITSANDBYTES:  # leaves with dots (weight.absmax): planned from the flat list
             config, modules, errors = plan_bnb.plan_modules(tensors, raw, where)
+        elif method in FAMILY_PLANNERS:
+            planner = importlib.import_module(f"{__package__}.{FAMILY_PLANNERS[method]}")
+            config, modules, unused, errors = planner.plan_modules(groups, raw, where)
         elif method is METHOD.QQQ:
             config, source, raw, model_config = read_config(root)
             modules, errors = plan_qqq.plan_modules(groups, config, source)
