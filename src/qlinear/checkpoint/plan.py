@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -159,10 +160,15 @@ def config_method(raw: Mapping[str, Any], where: str) -> METHOD | None:
     except ValueError:
         raise CheckpointError(f"{where}: unknown quant_method {raw['quant_method']!r}; qlinear knows "
                               f"{', '.join(m.value for m in METHOD)}") from None
-    if method not in READABLE and method not in FAMILY_PLANNERS:
+    if method not in READABLE and not _family_built(method):
         raise CheckpointError(f"{where}: unsupported format: quant_method {method.value!r} checkpoints "
                               f"are not read yet; qlinear reads {_readable()}")
     return method
+
+
+def _family_built(method: METHOD) -> bool:
+    name = FAMILY_PLANNERS.get(method)
+    return name is not None and importlib.util.find_spec(f"{__package__}.{name}") is not None
 
 
 def read_config(root: Path) -> tuple[QuantizeConfig, str, dict[str, Any], dict[str, Any] | None]:
