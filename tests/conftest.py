@@ -11,6 +11,8 @@ GOLDEN = Path(__file__).parent / "golden"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/* from the current output")
+    parser.addoption("--fuzz-inputs", type=int, default=20_000,
+                     help="mutated inputs per reader in tests/fuzz (the seed corpus always runs too)")
 
 
 @pytest.fixture

@@ -104,7 +104,7 @@ def test_unknown_quant_method(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("edit", "needle"), [
-    ({"quant_method": "vptq"}, "unsupported format: quant_method 'vptq' checkpoints are not read yet"),
+    ({"quant_method": "fp4"}, "unsupported format: quant_method 'fp4' checkpoints are not read yet"),
     ({"quant_method": "fp8"}, "quant_method fp8 without weight_scale_method/weight_scale_semantics (GPTQModel)"),
     ({"checkpoint_format": "bitblas", "format": "bitblas"}, "unsupported format: gptq checkpoint_format 'bitblas'"),
     ({"checkpoint_format": "gemm", "format": "gemm"}, "checkpoint_format 'gemm' is not a gptq format"),

@@ -17,6 +17,7 @@ float32 in this order: ``value * (scale / global)``, or ``value / scale``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 
@@ -113,6 +114,10 @@ def check_float_weight(w: FloatWeight) -> None:
                          f"got {list(scales.shape)}")
     if w.global_scale is not None and w.global_scale.numel() != 1:
         raise ValueError(f"global_scale: expected one value, got shape {tuple(w.global_scale.shape)}")
+    if w.global_scale is not None:
+        g = float(w.global_scale.float().reshape(()))
+        if not math.isfinite(g) or g == 0:
+            raise ValueError(f"global_scale: the per-tensor divisor must be finite and non-zero; found {g}")
     values = block_scale_values(scales, w.global_scale)
     bad = ~torch.isfinite(values) | (values == 0) if w.rule is ScaleRule.DIVIDE else ~torch.isfinite(values)
     if bad.any():

@@ -139,6 +139,14 @@ def convert_tensors(tensors: Mapping[str, torch.Tensor], scheme: Scheme, to_form
         from .bnb_convert import convert_tensors as convert_bnb
 
         return convert_bnb(tensors, scheme, to, pack_dtype)
+    if FORMAT.MLX in (scheme.format, to):  # scale * q + bias: integer zero points both ways or refused (mlx_convert)
+        from .mlx_convert import convert_tensors as convert_mlx
+
+        return convert_mlx(tensors, scheme, to, pack_dtype)
+    if FORMAT.PAROQUANT in (scheme.format, to):  # rotated inputs: same-format copies only (paro_convert)
+        from .paro_convert import convert_tensors as convert_paro
+
+        return convert_paro(tensors, scheme, to, pack_dtype)
     what = f"cannot convert {scheme.format.value} to {to.value}"
     method = method_of(to)
     if scheme.activations is not None and method in (METHOD.GPTQ, METHOD.AWQ) and not in_memory:

@@ -10,6 +10,10 @@ from __future__ import annotations
 from enum import Enum
 
 
+class UnknownNameError(ValueError):
+    """A method, format, backend or device name that is none of the known ones (the message lists them)."""
+
+
 class _LenientEnum(str, Enum):
     """A string enum that parses case-insensitively, by name or value."""
 
@@ -21,7 +25,7 @@ class _LenientEnum(str, Enum):
                 if wanted in (member.name.lower(), member.value.lower().replace("-", "_")):
                     return member
         valid = ", ".join(m.value for m in cls)
-        raise ValueError(f"unknown {cls.__name__} {value!r}; expected one of: {valid}")
+        raise UnknownNameError(f"unknown {cls.__name__} {value!r}; expected one of: {valid}")
 
     def __str__(self) -> str:
         return self.value
@@ -128,6 +132,8 @@ class BACKEND(_LenientEnum):
     EXL3_EXLLAMA_V3 = "exl3_exllama_v3"
     EXL3_TORCH = "exl3_torch"
     MLX = "mlx"
+    MLX_TORCH = "mlx_torch"  # qlinear's own: exact Torch kernel for mlx-lm affine weights, any device
+    EXL2_TORCH = "exl2_torch"  # qlinear's own: exact Torch kernel for ExLlamaV2 EXL2 mixed-bit weights, any device
 
 
 class DEVICE(_LenientEnum):

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .gguf_header import GGUFFormatError, check_header
 from .layouts import gguf as codecs
 
 if TYPE_CHECKING:
@@ -27,10 +28,7 @@ if TYPE_CHECKING:
 
 GGML_MAX_DIMS = 4
 INSTALL = "pip install 'qlinear[gguf]' (gguf==0.19.0)"
-
-
-class GGUFFormatError(ValueError):
-    """A GGUF file qlinear cannot read; the message names the file, the tensor, the expected and the found."""
+__all__ = ["GGUFFile", "GGUFFormatError", "GGUFTensor", "read_gguf"]
 
 
 def _gguf() -> Any:
@@ -44,6 +42,7 @@ def _gguf() -> Any:
 def _header(path: Path) -> Any:
     """``gguf.GGUFReader`` for the key/value fields and the raw tensor table (views are built here instead)."""
     gguf = _gguf()
+    check_header(path)  # gguf-py trusts the header's counts; a bad one can make it loop without end
 
     class Header(gguf.GGUFReader):
         def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:

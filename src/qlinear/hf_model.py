@@ -116,9 +116,13 @@ def _from_dir(root: Path, device: str | torch.device, dtype: torch.dtype, backen
     cfg = dict(plan.model_config)
     config = tf.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    for name, layer in load_plan(plan, device, dtype, backend).items():
-        set_submodule(model, name, layer)
     state = {k: read_tensor(v) for k, v in plan.other.items()}
+    embeddings = {n for n, m in model.named_modules() if isinstance(m, nn.Embedding)}
+    for name, layer in load_plan(plan, device, dtype, backend).items():
+        if name in embeddings:  # mlx-lm quantizes embeddings too: they are served dense
+            state[f"{name}.weight"] = layer.dequantize(torch.float32).cpu()
+        else:
+            set_submodule(model, name, layer)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if getattr(config, "tie_word_embeddings", False):
         missing = [k for k in missing if k != "lm_head.weight"]

@@ -182,21 +182,44 @@ class QuantizeConfig:
                                   f"load_in_8bit={data.get('load_in_8bit')!r}")
             return cls(bits=4 if four else 8, group_size=-1, method=method, checkpoint_format=FORMAT.BITSANDBYTES,
                        pack_dtype="int8", extra=dict(data))
-        bits = data.get("bits", data.get("w_bit"))
+        bits = _config_int(data, "bits", "w_bit")
         if bits is None:
             raise ConfigError("quantization config has no 'bits' (or 'w_bit') entry")
-        group_size = data.get("group_size", data.get("q_group_size", -1))
+        group_size = _config_int(data, "group_size", "q_group_size")
         fmt = data.get("checkpoint_format") or data.get("format") or data.get("version")
-        if method is METHOD.AWQ:
-            sym = not bool(data.get("zero_point", True)) if "sym" not in data else bool(data["sym"])
+        if fmt is not None and not isinstance(fmt, str):
+            raise ConfigError(f"checkpoint_format/format/version: expected a format name (a string), found {fmt!r}")
+        if method is METHOD.AWQ and "sym" not in data:
+            sym = not _config_bool(data, "zero_point", True)
         else:
-            sym = bool(data.get("sym", True))
+            sym = _config_bool(data, "sym", True)
         known = {"bits", "w_bit", "group_size", "q_group_size", "checkpoint_format", "format", "version",
                  "sym", "zero_point", "desc_act", "quant_method", "pack_dtype"}
-        return cls(bits=int(bits), group_size=int(group_size), sym=sym, desc_act=bool(data.get("desc_act", False)),
-                   method=method, checkpoint_format=FORMAT(fmt) if fmt else None,
-                   pack_dtype=data.get("pack_dtype"),
+        return cls(bits=bits, group_size=-1 if group_size is None else group_size, sym=sym,
+                   desc_act=_config_bool(data, "desc_act", False), method=method,
+                   checkpoint_format=FORMAT(fmt) if fmt else None, pack_dtype=data.get("pack_dtype"),
                    extra={k: v for k, v in data.items() if k not in known})
+
+
+def _config_int(data: Mapping[str, Any], *keys: str) -> int | None:
+    """The first of ``keys`` present, as an int (a JSON integer; ``4.0`` is accepted, ``true`` and ``"4"`` are not)."""
+    for key in keys:
+        if key in data:
+            value = data[key]
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"{key}: expected an integer, found {value!r}")
+            return value
+    return None
+
+
+def _config_bool(data: Mapping[str, Any], key: str, default: bool) -> bool:
+    """A JSON boolean (a string such as ``"false"`` would otherwise read as True)."""
+    value = data.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}: expected true or false, found {value!r}")
+    return value
 
 
 def _load_mapping(source: str | Path | Mapping[str, Any]) -> Mapping[str, Any]:
@@ -214,7 +237,7 @@ def _load_mapping(source: str | Path | Mapping[str, Any]) -> Mapping[str, Any]:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: not valid JSON ({err})") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: expected a JSON object, found {type(data).__name__}")
@@ -269,6 +292,10 @@ class Scheme:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer; got {value!r}")
+        if not isinstance(self.group_size, int) or isinstance(self.group_size, bool) or not (
+                self.group_size == -1 or self.group_size > 0):
+            raise ConfigError(f"group_size must be -1 (one group per row) or a positive length; got "
+                              f"{self.group_size!r}")
         object.__setattr__(self, "method", METHOD(self.method))
         object.__setattr__(self, "format", FORMAT(self.format))
         pack = default_pack_dtype(self.format) if self.pack_dtype is None else self.pack_dtype

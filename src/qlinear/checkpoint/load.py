@@ -38,7 +38,7 @@ def build_layer(name: str, scheme: Scheme, tensors: Mapping[str, torch.Tensor], 
     scheme = run_as
     layer = choice.kernel(scheme, bias="bias" in tensors, dtype=dtype)
     if "bias" in state:
-        want = state["scales"].dtype if scheme.format is FORMAT.GEMM else layer.bias.dtype
+        want = state["scales"].dtype if scheme.format in (FORMAT.GEMM, FORMAT.MLX) else layer.bias.dtype
         cast = state["bias"].to(want)
         if not torch.equal(cast.double(), state["bias"].double()):
             raise CheckpointError(f"{name}.bias: {state['bias'].dtype} values are not exactly representable in "

@@ -26,12 +26,21 @@ PlanOne = Callable[[str, Mapping[str, TensorInfo], QuantizeConfig, str], ModuleP
 
 def module_config(config: QuantizeConfig, name: str) -> QuantizeConfig | None:
     """``config`` with GPTQModel's ``dynamic`` rule for ``name`` applied (first match wins; ``-:`` = not quantized)."""
-    for pattern, override in (config.extra.get("dynamic") or {}).items():
+    rules = config.extra.get("dynamic") or {}
+    if not isinstance(rules, Mapping):
+        raise CheckpointError(f"dynamic: expected an object mapping module patterns to overrides, found {rules!r}")
+    for pattern, override in rules.items():
         raw = pattern[2:] if pattern.startswith(("-:", "+:")) else pattern
-        if not re.match(raw, name):
+        try:
+            hit = re.match(raw, name)
+        except re.error as err:
+            raise CheckpointError(f"dynamic rule {pattern!r}: not a valid regular expression ({err})") from None
+        if not hit:
             continue
         if pattern.startswith("-:"):
             return None
+        if override is not None and not isinstance(override, Mapping):
+            raise CheckpointError(f"dynamic rule {pattern!r}: expected an object of overrides, found {override!r}")
         fields = {k: override[k] for k in ("bits", "group_size", "sym", "desc_act") if k in (override or {})}
         try:
             return dataclasses.replace(config, **fields)

@@ -144,6 +144,14 @@ def config_for(schemes: Mapping[str, Scheme], version: str, meta: Mapping[str, A
         from .plan_bnb import bnb_config
 
         return bnb_config(schemes)
+    if method is METHOD.MLX:
+        from ..mlx_convert import mlx_config
+
+        return mlx_config(schemes)
+    if method is METHOD.PAROQUANT:
+        from ..paro_convert import paro_config
+
+        return paro_config(schemes, version, meta)
     return quantization_config(schemes, version, meta)
 
 
@@ -173,9 +181,16 @@ def _write_all(tmp: Path, tensors: Mapping[str, torch.Tensor], quant: Mapping[st
             weight_map.update(dict.fromkeys(shard, fname))
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    from .plan_mlx import is_mlx_quantization
+
+    if is_mlx_quantization(quant):  # mlx-lm: config.json only, as "quantization" and again as quantization_config
+        model = {k: v for k, v in (config or {}).items() if k not in ("quantization", "quantization_config")}
+        (tmp / "config.json").write_text(json.dumps({**model, "quantization": quant, "quantization_config": quant},
+                                                    indent=4) + "\n")
+        config = None
     # compressed-tensors, FP8 and bitsandbytes checkpoints keep their config in config.json only (as their
     # producers write them)
-    if config is None or quant.get("quant_method") not in ("compressed-tensors", "fp8", "bitsandbytes"):
+    elif config is None or quant.get("quant_method") not in ("compressed-tensors", "fp8", "bitsandbytes"):
         (tmp / "quantize_config.json").write_text(json.dumps(quant, indent=2) + "\n")
     if config is not None:
         (tmp / "config.json").write_text(json.dumps({**config, "quantization_config": quant}, indent=2) + "\n")

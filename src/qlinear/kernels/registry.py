@@ -31,6 +31,12 @@ FAMILIES: tuple[str, ...] = (
     "bitsandbytes",
     "vllm_marlin",
     "qqq",
+    "vptq",
+    "mlx_torch",
+    "paroquant",
+    "exllamav2",
+    "exl2",
+    "exl3",
 )
 
 

@@ -105,6 +105,11 @@ def check_weight(codes: torch.Tensor, group_scales: torch.Tensor, channel_scales
     if tuple(channel_scales.shape) != (n,) or channel_scales.dtype != torch.float32:
         raise ValueError(f"channel_scales: expected float32 shape [{n}], got {channel_scales.dtype} shape "
                          f"{list(channel_scales.shape)}")
+    for name, t in (("group_scales", group_scales), ("channel_scales", channel_scales)):
+        bad = (~torch.isfinite(t)).nonzero()
+        if len(bad):
+            raise ValueError(f"{name}: every scale must be finite; found {t[tuple(bad[0])].item()} at "
+                             f"{[int(i) for i in bad[0]]}")
 
 
 def layout_errors(in_features: int, out_features: int, group_size: int) -> list[str]:

@@ -1,0 +1,176 @@
+"""EXL3 (ExLlamaV3) kernels: ``ExllamaV3TorchLinear`` (exact, any device) and ``ExllamaV3Linear`` (Triton, CUDA).
+
+Both keep the checkpoint tensors as stored (``trellis``, ``suh``/``svh`` or ``su``/``sv``, the codebook marker,
+``bias``; ``layouts/exl3.py``) and decode per forward; no dense weight outlives a call. The inner weight is
+exllamav3's: float16 codebook values exactly as its CUDA decode rounds them. GPTQModel 7.7.0's Torch EXL3 path
+keeps the unrounded float32 sum instead (about half of all 3inst/mcg values and 95 % of mul1 values differ from
+the float16 decode by under one float16 half-ulp), so it differs from exllamav3's own numbers by that much.
+
+Forward: ``xh = H(x * suh)`` (128-point Hadamard per block, float32), ``y = H(xh @ inner) * svh + bias``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..caps import Problem, archs_from
+from ..enums import DEVICE
+from ..layouts import exl3
+from ..layouts.exl3 import Exl3LayoutError, Exl3Params
+from ..spec import Scheme
+from ..target import Target
+from .base import QuantLinear
+from .planned.exllama_bitblas import ExllamaV3Linear as _DeclaredNative
+from .planned.exllama_bitblas import ExllamaV3TorchLinear as _DeclaredTorch
+
+#: Output columns decoded per step of the Torch kernel (a multiple of the 128-wide Hadamard block), for a
+#: transient tile of about 2^20 float32 values.
+TILE_ELEMENTS = 1 << 20
+RUNTIME = ("_rt_table", "_rt_had", "_rt_suh", "_rt_svh")
+
+
+def params_of(scheme: Scheme) -> Exl3Params:
+    p = scheme.layout_params
+    if not isinstance(p, Exl3Params):
+        raise Exl3LayoutError(f"an EXL3 layer needs Exl3Params in Scheme.layout_params; found {p!r}")
+    return p
+
+
+class Exl3QuantLinear(QuantLinear):
+    """The EXL3 checkpoint buffers, their validation and the transforms both kernels share."""
+
+    raw_packing = False  # EXL3 weights come from exllamav3's quantizer through a checkpoint, not affine codes
+
+    def __init__(self, scheme: Scheme, bias: bool = False, dtype: torch.dtype = torch.float16) -> None:
+        super().__init__(scheme, bias=bias, dtype=dtype)
+        for name in RUNTIME:
+            self.register_buffer(name, None, persistent=False)
+
+    @classmethod
+    def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
+        s = problem.scheme
+        if not isinstance(s.layout_params, Exl3Params):
+            return ["an EXL3 layer needs its Exl3Params (Scheme.layout_params)"]
+        out = cls.runtime_target_reasons(target) + exl3.shape_errors(s.in_features, s.out_features)
+        if s.bits != s.layout_params.bits:
+            out.append(f"scheme bits {s.bits} disagree with the trellis' {s.layout_params.bits}")
+        return out
+
+    @property
+    def params(self) -> Exl3Params:
+        return params_of(self.scheme)
+
+    def register_checkpoint_buffers(self, bias: bool) -> None:
+        shapes = exl3.checkpoint_shapes(params_of(self.scheme), self.in_features, self.out_features)
+        for name, (shape, dtype) in shapes.items():
+            self.register_buffer(name, torch.zeros(shape, dtype=dtype))
+        if self.params.codebook in exl3.MARKERS:
+            self.get_buffer(self.params.codebook).copy_(exl3.marker_tensor(self.params.codebook))
+        self.register_buffer("bias", torch.zeros(self.out_features, dtype=torch.float16) if bias else None)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The checkpoint tensors by their checkpoint names (bias excluded)."""
+        return {name: getattr(self, name) for name in exl3.checkpoint_shapes(self.params, self.in_features,
+                                                                              self.out_features)}
+
+    def checkpoint_tensors(self) -> list[torch.Tensor | None]:
+        return [*self.tensors().values(), self.bias]
+
+    def load_exl3(self, tensors: dict[str, torch.Tensor], bias: torch.Tensor | None = None) -> None:
+        """Fill the buffers from checkpoint-named tensors (validated first)."""
+        exl3.check_tensors(tensors, self.params, self.in_features, self.out_features)
+        with torch.no_grad():
+            for name, t in self.tensors().items():
+                t.copy_(tensors[name])
+            if bias is not None:
+                if self.bias is None:
+                    raise ValueError("bias given but the layer was built without one (bias=False)")
+                if tuple(bias.shape) != (self.out_features,):
+                    raise ValueError(f"bias: expected shape [{self.out_features}], got {list(bias.shape)}")
+                self.bias.copy_(bias)
+        self._runtime_key = None
+
+    def affine(self) -> object:
+        raise ValueError("EXL3 weights are trellis codes, not integer-affine codes: no AffineWeight form")
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The dense weight ``[N, K]`` (a fresh tensor; ``layouts.exl3.dense_weight``)."""
+        return exl3.dense_weight(self.tensors(), self.params).t().to(dtype)
+
+    def prepare(self) -> None:
+        """Validate the tensors; keep the codebook table, the Hadamard matrix and float32 scale vectors."""
+        t = self.tensors()
+        exl3.check_tensors(t, self.params, self.in_features, self.out_features)
+        dev = t["trellis"].device
+        suh, svh = exl3.scale_vectors(t, self.params)
+        self._rt_table = exl3.codebook_table(self.params.codebook, dev)
+        self._rt_had = exl3.hadamard(dev)
+        self._rt_suh, self._rt_svh = suh.float().contiguous(), svh.float().contiguous()
+        super().prepare()
+
+    def _input_transform(self, x: torch.Tensor, device_type: str | None = None) -> tuple[torch.Tensor, int]:
+        self.check_input(x, device_type)
+        self.ensure_prepared()
+        x2 = x.reshape(-1, self.in_features)
+        return exl3.had_last(x2.float() * self._rt_suh, self._rt_had), x2.shape[0]
+
+    def _output_transform(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        y = exl3.had_last(y, self._rt_had) * self._rt_svh
+        if self.bias is not None:
+            y += self.bias.float()
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        p = self.params
+        signs = ", su/sv sign bitfields" if p.packed_signs else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, exl3 {p.bits}-bit "
+                f"{p.codebook}{signs}, backend={self.backend.value}")
+
+
+class ExllamaV3TorchLinear(Exl3QuantLinear):
+    """EXL3 on any device in plain Torch, float32 arithmetic on the exact float16 inner weight, decoded 128-column
+    blocks at a time inside each forward."""
+
+    backend = _DeclaredTorch.backend
+    caps = _DeclaredTorch.caps
+
+    def tile_cols(self) -> int:
+        return max(exl3.HAD, TILE_ELEMENTS // self.in_features // exl3.HAD * exl3.HAD)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xh, m = self._input_transform(x)
+        n, step = self.out_features, self.tile_cols()
+        y = torch.empty(m, n, dtype=torch.float32, device=x.device)
+        for n0 in range(0, n, step):
+            n1 = min(n, n0 + step)
+            w = exl3.inner_weight(self.trellis, self.params.bits, self._rt_table, n0 // exl3.TILE, n1 // exl3.TILE)
+            torch.matmul(xh, w.float(), out=y[:, n0:n1])
+        return self._output_transform(y, x)
+
+
+class ExllamaV3Linear(Exl3QuantLinear):
+    """EXL3 on CUDA through Triton (``triton/exl3_mv.py``). The reference's class of this name runs exllamav3's
+    JIT-built CUDA extension; qlinear does not build or import it, and runs its own Triton kernel instead: for
+    M <= 32 a fused decode GEMM (trellis -> float16 tile -> tensor-core dot, float32 sums, split over K), above
+    that the float16 inner weight decoded once per call (transient) and one cuBLAS matmul. The transformed input
+    is rounded to float16 before the product, as exllamav3 does; outputs match ExllamaV3TorchLinear to that
+    rounding. Declared for CUDA only: the kernel has not been run on ROCm."""
+
+    backend = _DeclaredNative.backend
+    caps = _DeclaredNative.caps.but(devices=frozenset({DEVICE.CUDA}), requires_modules={"triton": "triton>=3.4"},
+                                    gpu_archs=archs_from((8, 0)))
+
+    @classmethod
+    def describe_runs(cls, problem: Problem, target: Target) -> str:
+        return ("M <= 32: fused trellis-decode GEMM (Triton, split-K); above: float16 weight decoded per call, "
+                "then cuBLAS; input/output Hadamard transforms in Torch")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from .triton import exl3_mv
+
+        xh, _ = self._input_transform(x, "cuda")
+        y = exl3_mv.inner_product(xh.half().contiguous(), self.trellis, self.params.bits, self.params.codebook)
+        return self._output_transform(y, x)
+
+
+KERNELS = (ExllamaV3Linear, ExllamaV3TorchLinear)

@@ -1,0 +1,130 @@
+"""EXL3 trellis decode in Triton: a fused decode GEMM for small M and a decode-to-float16 pass for large M.
+
+Both decode a ``[BK, BN]`` block of the inner weight straight from the int16 trellis (``layouts/exl3.py``): for the
+weight at tile row ``r`` / column ``c`` the stream position ``t`` follows from the mma fragment order, its state is
+the 16 stream bits ending with symbol ``t`` (two words, read cyclically within the tile, pairs swapped), and the
+codebook turns the state into the float16 value exllamav3's ``decode_3inst<cb>`` gives (one rounding of the exact
+float32 result). The caller applies the input transform (``x * suh``, 128-point Hadamard) before and the output
+transform (Hadamard, ``* svh``, bias) after: both are ``O((M)(K + N))`` against the ``O(K N)`` decode.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...layouts.exl3 import CODEBOOKS
+
+_K_INV = tl.constexpr(0.00676727294921875)  # float16 0x1EEE
+_K_BIAS = tl.constexpr(-10.3828125)  # float16 0xC931
+
+
+@triton.jit
+def _decode_block(tr_ptr, k0, n0, n_tiles, BITS: tl.constexpr, CB: tl.constexpr, BK: tl.constexpr,
+                  BN: tl.constexpr):
+    """float16 ``[BK, BN]`` inner weight of rows ``k0:k0+BK``, columns ``n0:n0+BN`` (all multiples of 16)."""
+    k = k0 + tl.arange(0, BK)
+    n = n0 + tl.arange(0, BN)
+    r = (k % 16)[:, None]
+    c = (n % 16)[None, :]
+    t = ((c % 8) * 4 + (r % 8) // 2) * 8 + (c // 8) * 4 + (r // 8) * 2 + (r % 2)  # stream position
+    WORDS: tl.constexpr = 16 * BITS
+    TOTAL: tl.constexpr = 256 * BITS
+    start = ((t + 1) * BITS + (TOTAL - 16)) % TOTAL  # first bit of the state
+    w = start // 16
+    base = ((k // 16)[:, None] * n_tiles + (n // 16)[None, :]) * WORDS
+    w0 = tl.load(tr_ptr + base + (w ^ 1)).to(tl.uint16, bitcast=True).to(tl.uint32)
+    w1 = tl.load(tr_ptr + base + (((w + 1) % WORDS) ^ 1)).to(tl.uint16, bitcast=True).to(tl.uint32)
+    state = (((w0 << 16) | w1) >> (16 - start % 16).to(tl.uint32)) & 0xFFFF
+    if CB == 2:  # mul1
+        x = state * 0x83DCD12D
+        total = (x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)
+        val = ((total + 1024).to(tl.float32) * _K_INV + _K_BIAS).to(tl.float16)
+    else:
+        x = state * 89226354 + 64248484 if CB == 0 else state * 0xCBAC1FED  # 3inst / mcg
+        x = (x & 0x8FFF8FFF) ^ 0x3B603B60
+        lo = (x & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (x >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        val = (lo + hi).to(tl.float16)
+    return val
+
+
+@triton.jit
+def exl3_mv_kernel(x_ptr, tr_ptr, y_ptr, M, K, n_tiles, k_split, stride_xm, stride_ym,
+                   BITS: tl.constexpr, CB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
+                   ATOMIC: tl.constexpr):
+    """``y[M, N] (+)= xh[M, K] @ inner[K, N]``: float16 operands, float32 sums; program (n block, K split, M block)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    m = pid_m * BM + tl.arange(0, BM)
+    n0 = pid_n * BN
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(pid_k * k_split, tl.minimum(K, (pid_k + 1) * k_split), BK):
+        wt = _decode_block(tr_ptr, k0, n0, n_tiles, BITS, CB, BK, BN)
+        kk = k0 + tl.arange(0, BK)
+        xt = tl.load(x_ptr + m[:, None] * stride_xm + kk[None, :], mask=m[:, None] < M, other=0.0)
+        acc += tl.dot(xt, wt)
+    n = n0 + tl.arange(0, BN)
+    ptr = y_ptr + m[:, None] * stride_ym + n[None, :]
+    if ATOMIC:
+        tl.atomic_add(ptr, acc, mask=m[:, None] < M)
+    else:
+        tl.store(ptr, acc, mask=m[:, None] < M)
+
+
+@triton.jit
+def exl3_decode_kernel(tr_ptr, w_ptr, n_tiles, BITS: tl.constexpr, CB: tl.constexpr, BK: tl.constexpr,
+                       BN: tl.constexpr):
+    """The float16 inner weight ``[K, N]`` (row-major), one ``[BK, BN]`` block per program."""
+    k0 = tl.program_id(1) * BK
+    n0 = tl.program_id(0) * BN
+    wt = _decode_block(tr_ptr, k0, n0, n_tiles, BITS, CB, BK, BN)
+    k = k0 + tl.arange(0, BK)
+    n = n0 + tl.arange(0, BN)
+    tl.store(w_ptr + k[:, None] * (n_tiles * 16) + n[None, :], wt)
+
+
+#: Largest M the fused kernel serves; above it the weight is decoded once per call and multiplied by cuBLAS.
+FUSED_MAX_M = 32
+
+
+def _block(total: int, want: int) -> int:
+    b = want
+    while total % b:
+        b //= 2
+    return b
+
+
+def decode_inner(trellis: torch.Tensor, bits: int, codebook: str) -> torch.Tensor:
+    """float16 ``[K, N]`` inner weight of an int16 trellis ``[K/16, N/16, 16 bits]`` (transient)."""
+    kt, nt = trellis.shape[:2]
+    k, n = 16 * kt, 16 * nt
+    bk, bn = _block(k, 64), _block(n, 64)
+    w = torch.empty(k, n, dtype=torch.float16, device=trellis.device)
+    exl3_decode_kernel[(n // bn, k // bk)](trellis, w, nt, BITS=bits, CB=CODEBOOKS.index(codebook), BK=bk, BN=bn)
+    return w
+
+
+def inner_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str,
+                  sms: int | None = None) -> torch.Tensor:
+    """float32 ``xh [M, K] @ inner [K, N]`` with ``xh`` float16 contiguous."""
+    m, k = xh.shape
+    nt = trellis.shape[1]
+    n = 16 * nt
+    cb = CODEBOOKS.index(codebook)
+    if m > FUSED_MAX_M:
+        return (xh @ decode_inner(trellis, bits, codebook)).float()
+    bk, bn, bm = _block(k, 64), _block(n, 64), 16
+    if sms is None:
+        sms = torch.cuda.get_device_properties(xh.device).multi_processor_count if xh.is_cuda else 4
+    blocks = (n // bn) * -(-m // bm)
+    split = 1
+    while blocks * split < 4 * sms and k // (bk * split * 2) >= 2 and (k // bk) % (split * 2) == 0:
+        split *= 2
+    k_split = k // split
+    y = (torch.zeros if split > 1 else torch.empty)(m, n, dtype=torch.float32, device=xh.device)
+    exl3_mv_kernel[(n // bn, split, -(-m // bm))](xh, trellis, y, m, k, nt, k_split, xh.stride(0), y.stride(0),
+                                                  BITS=bits, CB=cb, BM=bm, BK=bk, BN=bn, ATOMIC=split > 1)
+    return y
