@@ -87,6 +87,8 @@ def test_checkpoint_loads_and_decodes(tmp_path: Path, shared: bool) -> None:
      "unknown VQuantLinear argument(s) fancy"),
     (lambda t, q: q["config_for_layers"].pop("model.layers.0.mlp.down_proj"),
      "model.layers.0.mlp.down_proj.indices: a VPTQ module the config does not describe"),
+    (lambda t, q: t.pop("model.layers.0.self_attn.q_proj.bias"),
+     "model.layers.0.self_attn.q_proj.bias: missing (the config says bias true)"),
     (lambda t, q: (q.pop("config_for_layers"), q.update(vector_lens=[-1, 8])),
      "GPTQModel's VPTQ config: it records no layer shapes"),
 ])

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from qlinear import AffineWeight, Problem, Scheme, Target, quantize_rtn, select
+from qlinear import AffineWeight, NoKernelError, Problem, Scheme, Target, quantize_rtn, select
 from qlinear.kernels.exllamav2 import AwqExllamaV2Linear, ExllamaV2Linear
 from qlinear.kernels.torch import TorchLinear
 from qlinear.layouts import exllamav2 as exv2
@@ -96,6 +96,7 @@ def test_awq_layer_runs_the_same_runtime() -> None:
     ref = layer(q)
     a, b = awq.runtime(), ref.runtime()
     assert torch.equal(a.qweight, b.qweight) and torch.equal(a.qzeros, b.qzeros) and torch.equal(a.scales, b.scales)
+    assert a.q_perm is None and torch.equal(b.q_perm, torch.arange(K, dtype=torch.int16))  # no g_idx handed over
     x = torch.randn(2, K).half()
     assert torch.equal(awq(x), ref(x))
 
@@ -140,6 +141,9 @@ def test_auto_keeps_the_existing_kernels_and_explicit_works() -> None:
     assert select(Problem(s, torch.float16), cpu).kernel.__name__ == "TorchLinear"
     assert select(Problem(s, torch.float16), sm90).kernel.__name__ == "TritonV2Linear"
     assert select(Problem(s, torch.float16), sm90, "gptq_exllama_v2").kernel is ExllamaV2Linear
+    no_triton = Target.fake_cuda((9, 0), modules={"triton": False})
+    with pytest.raises(NoKernelError, match="triton is not installed"):
+        select(Problem(s, torch.float16), no_triton, "gptq_exllama_v2")
     awq = Scheme(bits=4, group_size=128, in_features=4096, out_features=4096, method="awq", format="gemm",
                  sym=False)
     assert select(Problem(awq, torch.float16), sm90, "awq_exllama_v2").kernel is AwqExllamaV2Linear

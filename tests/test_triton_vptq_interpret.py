@@ -1,6 +1,6 @@
 """The VPTQ Triton kernels (``kernels/triton/vptq_mv.py``) in Triton's CPU interpreter: the decode kernel writes
 exactly the weight the Torch path decodes (itself bit-exact with VPTQ and GPTQModel), and ``VPTQCudaLinear``'s
-product (GEMV with split-K, and decode-then-matmul) matches ``VPTQLinear`` and a float64 product.
+product (GEMV and tensor-core tile with split-K, decode-then-matmul) matches ``VPTQLinear`` and a float64 product.
 
 TRITON_INTERPRET=1 is set at collection, before anything imports the kernel bodies. Small shapes covering residual
 codes, codes straddling words, several groups, outliers, permutation, norm, a vector length that is not a power
@@ -19,6 +19,7 @@ import torch
 from qlinear.kernels.vptq import VPTQCudaLinear, VPTQLinear
 from qlinear.layouts import vptq
 from tests import vptq_cases
+from tests.triton_interp import interpreted
 
 INSTALL = "pip install --no-deps -r requirements/nodeps-triton.txt"
 
@@ -69,18 +70,19 @@ def test_decode_kernel_is_the_torch_decode(mv, kw: dict) -> None:
 
 
 @pytest.mark.parametrize("kw", CASES)
-@pytest.mark.parametrize("path", ["gemv", "dense"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("path", ["gemv", "mma", "dense"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_product_matches_torch_kernel(mv, kw: dict, path: str, dtype: torch.dtype) -> None:
     _, t, (ref, tri) = layers(kw, dtype)
     x = t["x"].to(dtype)
     want = ref(x)
-    got = tri.product(x, path)
+    with interpreted(mv.vptq_mma_kernel):  # bfloat16 dot operands as values, not raw bits
+        got = tri.product(x, path)
     assert got.dtype == dtype and got.shape == want.shape
     exact = x.double() @ ref.dequantize(dtype).double().t() + (ref.bias.to(dtype).double() if ref.bias is not None
                                                               else 0)
     scale = exact.abs().max()
-    tol = 4e-3 if dtype == torch.float16 else 3e-2
+    tol = {torch.float16: 4e-3, torch.bfloat16: 3e-2, torch.float32: 1e-5}[dtype]
     assert (got.double() - exact).abs().max() / scale < tol
     assert (got.double() - want.double()).abs().max() / scale < tol
 

@@ -93,3 +93,15 @@ def test_input_and_content_errors() -> None:
         layer.centroids.weight[0, 5] = float("inf")
     with pytest.raises(vptq.VptqLayoutError, match="centroids.weight: holds NaN or infinite"):
         layer(t["x"])
+
+
+def test_load_vptq_validates_then_fills() -> None:
+    meta, t, packed, layer = build(CASES[0])
+    fresh = VPTQLinear(layer.scheme, bias=True, dtype=torch.float16)
+    tensors = vptq_cases.checkpoint_tensors(meta, t, packed)
+    fresh.load_vptq(tensors, t["bias"])
+    assert torch.equal(fresh(t["x"]), layer(t["x"]))
+    with pytest.raises(vptq.VptqLayoutError, match="res_centroids.weight: expected shape"):
+        fresh.load_vptq(tensors | {"res_centroids.weight": t["rcentroids"][:, 1:]})
+    with pytest.raises(ValueError, match="bias: expected shape"):
+        fresh.load_vptq(tensors, t["bias"][1:])

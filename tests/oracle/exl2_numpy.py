@@ -101,7 +101,7 @@ def exl2_weight(q_weight: np.ndarray, q_invperm: np.ndarray, q_scale: np.ndarray
     for gi in range(groups):
         bits, qrow = gr[2 * gi], gr[2 * gi + 1]
         rows = (gr[2 * gi + 3] - qrow) * 32 // bits if gi < groups - 1 else k - row
-        words_per, codes_per = {2: (1, 16), 3: (3, 32), 4: (1, 8), 5: (5, 32), 6: (3, 16), 8: (1, 4)}[bits]
+        words_per = {2: 1, 3: 3, 4: 1, 5: 5, 6: 3, 8: 1}[bits]
         for c in range(n):
             qs = (int(q_scale[gi, c // 8]) & M32) >> (4 * (c % 8)) & 0xF
             qs_h = np.float16(np.float16((qs + 1) * (qs + 1)) * msc[gi])  # dq_scale

@@ -5,9 +5,12 @@ The config names every quantized module's ``VQuantLinear`` arguments: ``config_f
 ``in_features``, ``out_features``, ``vector_lens`` / ``num_centroids`` / ``num_res_centroids`` (each ``[outlier,
 main]``, ``-1`` off), ``group_num``, ``group_size``, ``outlier_size``, ``enable_norm``, ``enable_perm``,
 ``is_indice_packed`` (must be true: the released checkpoints pack their codes), ``indices_as_float`` (must be
-false), ``vector_quant_dim`` (``out``) and ``bias``. Tensors (``layouts/vptq.py``): ``indices``, ``perm``,
-``outlier_indices``, ``weight_scale``, ``weight_bias``, ``bias`` and the codebooks ``centroids.weight``,
-``res_centroids.weight``, ``outlier_centroids.weight``; the codebooks' dtype is the layer's.
+false), ``vector_quant_dim`` (``out``) and ``bias`` (the tensors decide, as in transformers' VPTQ loader, which
+takes it from the model; a ``bias: true`` without the tensor is refused). Tensors (``layouts/vptq.py``):
+``indices``, ``perm``, ``outlier_indices``, ``weight_scale``, ``weight_bias``, ``bias`` and the codebooks
+``centroids.weight``, ``res_centroids.weight``, ``outlier_centroids.weight``; the codebooks' dtype is the layer's.
+transformers' ``VptqLayerConfig`` may omit ``in_features``/``out_features`` (it takes them from the model); such
+entries are refused, naming the key.
 
 GPTQModel's own VPTQ config (``vector_lens`` etc. at the top level, no per-layer entries) records no layer shapes,
 which its packed tensors do not determine either (``indices`` rounds ``out_features`` up to the vector length), so
@@ -115,6 +118,8 @@ def plan_module(name: str, leaves: Mapping[str, TensorInfo], entry: Mapping[str,
     expected = vptq.checkpoint_shapes(scheme)
     what = f"{vptq.describe(scheme)}, in_features {scheme.in_features} out_features {scheme.out_features}"
     problems = leaf_errors(name, leaves, expected, what) + bias_errors(name, leaves, scheme.out_features)
+    if entry.get("bias") is True and "bias" not in leaves:  # a bias tensor the config omits is used, as
+        problems.append(f"{name}.bias: missing (the config says bias true)")  # transformers' loader does
     if problems:
         raise CheckpointError("\n".join(problems))
     return ModulePlan(name, scheme, dict(leaves))

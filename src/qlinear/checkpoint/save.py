@@ -200,6 +200,14 @@ def _write_all(tmp: Path, tensors: Mapping[str, torch.Tensor], quant: Mapping[st
         shutil.copy2(f, tmp / f.name)
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_checkpoint(tensors: Mapping[str, torch.Tensor], quant: Mapping[str, Any], out_dir: str | Path, *,
                      config: Mapping[str, Any] | None = None, extra_files: Iterable[str | Path] = (),
                      max_shard_size: int | str = "4GB", overwrite: bool = False) -> Path:
@@ -219,10 +227,12 @@ def write_checkpoint(tensors: Mapping[str, torch.Tensor], quant: Mapping[str, An
                 os.replace(tmp, out)
             except BaseException:
                 os.replace(old / out.name, out)
+                old.rmdir()
                 raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)
+        _fsync_dir(out.parent)  # the rename itself survives a power cut, not only the files' bytes
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

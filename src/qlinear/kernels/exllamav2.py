@@ -5,7 +5,9 @@ exllamav2's CUDA extension is JIT-built with nvcc and is never called here. Inst
 * off CUDA, ``prepare()`` derives exllamav2's own runtime layout (``layouts/exllamav2.py``: rows sorted by
   group into ``q_perm``/``q_invperm``, nibble-shuffled words, true zero points, float16 scales) and each
   forward decodes it in column tiles exactly as the extension's ``reconstruct_gptq_kernel`` does, then
-  multiplies like the extension is called: float16 inputs, float16 output plus bias, cast back.
+  multiplies as GPTQModel calls the extension: inputs cast to float16, a float16 output, the bias, a cast back.
+  The products accumulate in float32; the extension's GEMM kernels accumulate partly in float16, so outputs agree
+  with it to float16 rounding, not bit for bit (the decoded weights do agree bit for bit).
 * on CUDA, the layer runs qlinear's Triton GPTQ kernels (``TritonQuantMixin``). Both layouts come from the
   same canonical weight, so keeping one runtime layout per device is the simplest design that is exact
   where it can be checked and fast where it runs; the shuffled layout exists to feed exllamav2's own CUDA
@@ -21,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..caps import Problem
+from ..enums import DEVICE
 from ..layouts import exllamav2 as exv2
 from ..target import Target
 from .awq_base import AwqQuantLinear
@@ -28,7 +31,7 @@ from .base import QuantLinear
 from .gptq_base import GPTQQuantLinear
 from .planned.exllama_bitblas import AwqExllamaV2Linear as _DeclaredAwq
 from .planned.exllama_bitblas import ExllamaV2Linear as _Declared
-from .triton_gptq import TritonQuantMixin
+from .triton_gptq import RUNTIME, TritonQuantMixin
 
 EX_RUNTIME = ("_ex_qweight", "_ex_q_perm", "_ex_q_invperm", "_ex_qzeros", "_ex_scales")
 #: Decoded values per column tile (float16 weights; float32 while multiplying).
@@ -38,12 +41,25 @@ TILE_ELEMENTS = 1 << 18
 class ExllamaV2Mixin(TritonQuantMixin):
     """exllamav2's runtime layout and arithmetic off CUDA; qlinear's Triton kernels on CUDA."""
 
+    #: GPTQModel's GPTQ layer sorts act-order rows (``make_sequential``) and adds the bias to the float16 output
+    #: before casting back; its AWQ layer hands over no ``g_idx`` and adds the bias after the cast.
+    reorder: bool = True
+    bias_after_cast: bool = False
+
     def __init__(self, scheme: object, bias: bool = False, dtype: torch.dtype = torch.float16,
                  release_checkpoint: bool = False) -> None:
         super().__init__(scheme, bias=bias, dtype=dtype, release_checkpoint=release_checkpoint)  # type: ignore
         self._ex_group_size = 0
         for name in EX_RUNTIME:
             self.register_buffer(name, None, persistent=False)
+
+    @classmethod
+    def runtime_target_reasons(cls, target: Target) -> list[str]:
+        out = super().runtime_target_reasons(target)
+        if any(d.kind is DEVICE.CUDA for d in target.devices) and not target.has_module("triton"):
+            out.append("triton is not installed (on CUDA this layer runs qlinear's Triton kernels): "
+                       "pip install 'triton>=3.4'")
+        return out
 
     @classmethod
     def auto_reasons(cls, problem: Problem, target: Target) -> list[str]:
@@ -56,12 +72,15 @@ class ExllamaV2Mixin(TritonQuantMixin):
                 setattr(self, name, None)
             super().prepare()
             return
-        rt = exv2.build(self.affine())
+        rt = exv2.build(self.affine(), reorder=self.reorder)
         device = self.qweight.device
         for name in EX_RUNTIME:
             t = getattr(rt, name.removeprefix("_ex_"))
             self.register_buffer(name, None if t is None else t.to(device), persistent=False)
         self._ex_group_size = rt.group_size
+        for name in RUNTIME:  # a layer moved off CUDA drops its Triton layout
+            setattr(self, name, None)
+        self._rt_meta = None
         QuantLinear.prepare(self)  # type: ignore[arg-type]  # the Triton layout is for CUDA only
 
     def runtime(self) -> exv2.ExV2Runtime:
@@ -87,9 +106,13 @@ class ExllamaV2Mixin(TritonQuantMixin):
         for n0 in range(0, n, step):
             n1 = min(n, n0 + step)
             y[:, n0:n1] = (xf @ exv2.decode_cols(rt, n0, n1).to(torch.float32)).to(torch.float16)
-        if self.bias is not None:  # type: ignore[attr-defined]
-            y += self.bias.to(torch.float16)  # type: ignore[attr-defined]
-        return y.to(x.dtype).reshape(*x.shape[:-1], n)
+        bias = self.bias  # type: ignore[attr-defined]
+        if bias is not None and not self.bias_after_cast:
+            y += bias.to(torch.float16)
+        y = y.to(x.dtype)
+        if bias is not None and self.bias_after_cast:
+            y += bias.to(x.dtype)
+        return y.reshape(*x.shape[:-1], n)
 
 
 class ExllamaV2Linear(ExllamaV2Mixin, GPTQQuantLinear):
@@ -104,6 +127,8 @@ class AwqExllamaV2Linear(ExllamaV2Mixin, AwqQuantLinear):
 
     backend = _DeclaredAwq.backend
     caps = _DeclaredAwq.caps
+    reorder = False
+    bias_after_cast = True
 
 
 KERNELS = (ExllamaV2Linear, AwqExllamaV2Linear)

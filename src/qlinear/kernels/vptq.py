@@ -161,7 +161,8 @@ class VPTQLinear(VPTQQuantLinear):
 
 class VPTQCudaLinear(VPTQQuantLinear):
     """VPTQ on CUDA through Triton (``triton/vptq_mv.py``): M <= 4 a split-K GEMV gathering codebook vectors
-    from the packed codes; above, the weight decoded once per call, then one matmul. Outlier columns (a few
+    from the packed codes, M <= 16 the same decoded tiles on tensor cores; above, the weight decoded once per call,
+    then one matmul. Outlier columns (a few
     percent of K) are decoded by the Torch path and multiplied in beside it."""
 
     backend = _DeclaredCuda.backend
@@ -171,8 +172,9 @@ class VPTQCudaLinear(VPTQQuantLinear):
 
     @classmethod
     def describe_runs(cls, problem: Problem, target: Target) -> str:
-        return ("M <= 4: Triton split-K GEMV decoding the packed codes through the codebooks in registers; above: "
-                "the weight decoded once per call by a Triton kernel (transient), then one matmul")
+        return ("M <= 4: Triton split-K GEMV decoding the packed codes through the codebooks in registers; M <= 16: "
+                "the decoded tiles times the activations on tensor cores; above: the weight decoded once per call "
+                "by a Triton kernel (transient), then one matmul")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x, "cuda")
@@ -181,8 +183,8 @@ class VPTQCudaLinear(VPTQQuantLinear):
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def product(self, x2: torch.Tensor, path: str | None = None) -> torch.Tensor:
-        """``x2 [M, K] @ W.T + bias`` through the Triton kernels (``path``: force "gemv" or "dense"; the CPU
-        interpreter runs this too)."""
+        """``x2 [M, K] @ W.T + bias`` through the Triton kernels (``path``: force "gemv", "mma" or "dense"; the
+        CPU interpreter runs this too)."""
         from .triton import vptq_mv
 
         p, n = self.params, self.out_features

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 
@@ -52,7 +53,7 @@ class Exl2Params:
                 raise ValueError(f"q_groups: group {i} has {r} rows; expected a positive count")
             if i < len(self.group_bits) - 1 and r * b % 32:
                 raise ValueError(f"q_groups: group {i} ({r} rows of {b} bits) does not fill whole int32 rows")
-        if any(a < b for a, b in zip(self.group_bits, self.group_bits[1:])):
+        if any(a < b for a, b in pairwise(self.group_bits)):
             raise ValueError(f"q_groups: bit widths {list(self.group_bits)} increase; exllamav2's kernels read "
                              "8, 6, 5, 4, 3, 2-bit groups in that order")
 
@@ -85,7 +86,7 @@ def params_from(q_groups: torch.Tensor, word_rows: int, in_features: int, stored
                          f"{list(q_groups.shape)} dtype {q_groups.dtype}")
     g = [int(v) for v in q_groups.tolist()]
     bits, offsets = g[0::2], g[1::2]
-    if offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])) or offsets[-1] >= word_rows:
+    if offsets[0] != 0 or any(b < a for a, b in pairwise(offsets)) or offsets[-1] >= word_rows:
         raise ValueError(f"q_groups: word-row offsets {offsets} must start at 0, not decrease and stay below "
                          f"q_weight's {word_rows} rows")
     for i, b in enumerate(bits):

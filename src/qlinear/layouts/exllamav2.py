@@ -85,8 +85,11 @@ def _int32(w: torch.Tensor) -> torch.Tensor:
     return torch.where(w >= 1 << 31, w - (1 << 32), w).to(torch.int32)
 
 
-def build(q: AffineWeight) -> ExV2Runtime:
-    """The runtime layout of a 4-bit affine weight, as ``make_q_matrix`` leaves it (on CPU)."""
+def build(q: AffineWeight, reorder: bool = True) -> ExV2Runtime:
+    """The runtime layout of a 4-bit affine weight, as ``make_q_matrix`` leaves it (on CPU).
+
+    ``reorder=False``: GPTQModel's AWQ path, which hands the extension no ``g_idx`` (so no ``q_perm``); its groups
+    must then already be the contiguous runs the kernel reads."""
     if q.bits != 4:
         raise ValueError(f"weight: exllamav2's GPTQ path is 4-bit only, got {q.bits}-bit codes")
     n, k = q.codes.shape
@@ -98,7 +101,12 @@ def build(q: AffineWeight) -> ExV2Runtime:
     codes = q.codes.t()  # [K, N]
     act_order = bool((q.g_idx != 0).any())
     q_perm = q_invperm = None
-    if act_order:
+    if not reorder:
+        expected = torch.arange(k) // gs
+        if not torch.equal(q.g_idx.to(torch.int64), expected):
+            raise ValueError(f"g_idx: this path keeps input order and reads group k // {gs} at row k; the weight's "
+                             "groups differ (act-order or uneven groups)")
+    elif act_order:
         perm, inv = sequential_perm(q.g_idx, groups)
         sorted_groups = q.g_idx.to(torch.int64)[perm]
         expected = torch.arange(k) // gs
@@ -108,7 +116,7 @@ def build(q: AffineWeight) -> ExV2Runtime:
                              f"{int(sorted_groups[bad])}, not {int(expected[bad])} (groups of unequal size)")
         codes = codes[perm]
         q_perm, q_invperm = perm.to(torch.int16), inv.to(torch.int16)
-    elif groups != 1:
+    elif groups != 1:  # ext.py: an all-zero g_idx is not handed over, so every row reads group 0
         raise ValueError(f"g_idx: all zero but the weight has {groups} groups")
     qweight = shuffle(pack_bits(codes.contiguous(), 4, torch.int32, dim=0))
     zeros = pack_bits(q.zeros.t().to(torch.uint8).contiguous(), 4, torch.int32, dim=1)

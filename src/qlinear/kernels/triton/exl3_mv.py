@@ -97,8 +97,19 @@ def _block(total: int, want: int) -> int:
     return b
 
 
+def check_trellis(trellis: torch.Tensor, bits: int, codebook: str) -> None:
+    """Raise ``ValueError`` naming the argument unless the trellis is int16 ``[K/16, N/16, 16 bits]``, contiguous."""
+    if trellis.dtype != torch.int16 or trellis.dim() != 3 or trellis.shape[2] != 16 * bits \
+            or not trellis.is_contiguous():
+        raise ValueError(f"exl3_mv: trellis: expected a contiguous int16 [K/16, N/16, {16 * bits}] tensor, found "
+                         f"{trellis.dtype} {list(trellis.shape)}")
+    if codebook not in CODEBOOKS:
+        raise ValueError(f"exl3_mv: codebook: expected one of {', '.join(CODEBOOKS)}, found {codebook!r}")
+
+
 def decode_inner(trellis: torch.Tensor, bits: int, codebook: str) -> torch.Tensor:
     """float16 ``[K, N]`` inner weight of an int16 trellis ``[K/16, N/16, 16 bits]`` (transient)."""
+    check_trellis(trellis, bits, codebook)
     kt, nt = trellis.shape[:2]
     k, n = 16 * kt, 16 * nt
     bk, bn = _block(k, 64), _block(n, 64)
@@ -109,7 +120,11 @@ def decode_inner(trellis: torch.Tensor, bits: int, codebook: str) -> torch.Tenso
 
 def inner_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str,
                   sms: int | None = None) -> torch.Tensor:
-    """float32 ``xh [M, K] @ inner [K, N]`` with ``xh`` float16 contiguous."""
+    """float32 ``xh [M, K] @ inner [K, N]`` with ``xh`` float16 contiguous (``sms``: SM count for the split)."""
+    check_trellis(trellis, bits, codebook)
+    if xh.dtype != torch.float16 or xh.dim() != 2 or xh.shape[1] != 16 * trellis.shape[0] or xh.stride(1) != 1:
+        raise ValueError(f"exl3_mv: xh: expected float16 [M, {16 * trellis.shape[0]}] with unit column stride, "
+                         f"found {xh.dtype} {list(xh.shape)}")
     m, k = xh.shape
     nt = trellis.shape[1]
     n = 16 * nt

@@ -1,0 +1,77 @@
+"""The EXL3 Triton kernels (``kernels/triton/exl3_mv.py``) in Triton's CPU interpreter: the decode pass gives the
+Torch layout's float16 inner weight bit for bit (every codebook, widths 1..8); the fused GEMM (split-K with
+atomics and without, M past one 16-row block) equals ``xh @ inner`` up to float32 summation order (above
+``FUSED_MAX_M``: the decoded weight times ``xh`` in float16, float16 output, within 1e-3); the layer's
+composition (input transform, product, output transform) equals ``ExllamaV3TorchLinear`` up to the float16
+rounding of the transformed input that the Triton path applies, as exllamav3 does.
+
+TRITON_INTERPRET=1 is set at collection, before anything imports the kernel bodies.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+from qlinear.layouts import exl3
+from qlinear.layouts.exl3 import Exl3Params
+from tests.test_exl3_kernels import layer_for
+
+INSTALL = "pip install --no-deps -r requirements/nodeps-triton.txt"
+
+
+@pytest.fixture(scope="module")
+def mv():
+    pytest.importorskip("triton", reason=f"triton is not installed: {INSTALL}")
+    from qlinear.kernels.triton import exl3_mv
+
+    if type(exl3_mv.exl3_mv_kernel).__name__ != "InterpretedFunction":
+        pytest.skip("the kernel bodies were imported before TRITON_INTERPRET=1 was set")
+    return exl3_mv
+
+
+def trellis(k: int, n: int, bits: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-(1 << 15), 1 << 15, (k // 16, n // 16, 16 * bits), generator=g,
+                         dtype=torch.int32).to(torch.int16)
+
+
+@pytest.mark.parametrize(("bits", "cb"), [(1, "mul1"), (2, "3inst"), (3, "mcg"), (4, "3inst"), (5, "mul1"),
+                                          (6, "mcg"), (7, "3inst"), (8, "mul1")])
+def test_decode_is_bit_exact(mv, bits: int, cb: str) -> None:
+    tr = trellis(128, 256, bits, seed=bits)
+    ours = mv.decode_inner(tr, bits, cb)
+    assert torch.equal(ours.view(torch.int16), exl3.inner_weight(tr, bits, exl3.codebook_table(cb)).view(torch.int16))
+
+
+@pytest.mark.parametrize(("m", "sms"), [(1, 4), (5, 1), (20, 2), (40, 4)])
+def test_product_matches(mv, m: int, sms: int) -> None:
+    tr = trellis(256, 256, 3, seed=m)
+    xh = torch.randn(m, 256, generator=torch.Generator().manual_seed(m)).half()
+    y = mv.inner_product(xh, tr, 3, "mcg", sms=sms)
+    ref = xh.double() @ exl3.inner_weight(tr, 3, exl3.codebook_table("mcg")).double()
+    assert y.dtype == torch.float32 and y.shape == (m, 256)
+    tol = 1e-5 if m <= mv.FUSED_MAX_M else 1e-3  # above: one float16 matmul (float16 output, as exllamav3's hgemm)
+    torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
+def test_layer_composition_matches_torch_kernel(mv) -> None:
+    layer = layer_for(256, 256, Exl3Params(4, "3inst"), seed=9, bias=True)
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(1)).half()
+    xh, _ = layer._input_transform(x)
+    y = layer._output_transform(mv.inner_product(xh.half().contiguous(), layer.trellis, 4, "3inst", sms=4), x)
+    torch.testing.assert_close(y, layer(x), rtol=2e-3, atol=2e-3)
+
+
+def test_launcher_errors(mv) -> None:
+    tr = trellis(128, 128, 2, seed=0)
+    with pytest.raises(ValueError, match=r"exl3_mv: trellis: expected a contiguous int16 \[K/16, N/16, 48\]"):
+        mv.decode_inner(tr, 3, "3inst")
+    with pytest.raises(ValueError, match=r"exl3_mv: xh: expected float16 \[M, 128\]"):
+        mv.inner_product(torch.zeros(2, 128), tr, 2, "3inst", sms=1)
+    with pytest.raises(ValueError, match="codebook"):
+        mv.decode_inner(tr, 2, "2mad")
