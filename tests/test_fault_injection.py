@@ -106,7 +106,7 @@ def test_full_disk_while_writing_shards(tmp_path: Path, monkeypatch: pytest.Monk
     disk = Disk(fail_at)
     real = save.write_file
 
-    def failing_write(path, tensors, metadata=None):  # noqa: ANN001, ANN202 - the same signature as write_file
+    def failing_write(path, tensors, metadata=None):
         disk.hit()
         return real(path, tensors, metadata)
 
