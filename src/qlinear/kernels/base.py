@@ -8,6 +8,7 @@ mutation, a move or a dtype change rebuilds it on the next forward instead of se
 
 from __future__ import annotations
 
+import threading
 from typing import ClassVar
 
 import torch
@@ -19,6 +20,8 @@ from ..caps import Caps, Problem
 from ..enums import BACKEND
 from ..spec import Scheme
 from ..target import Target
+
+_PREPARE_LOCK = threading.RLock()
 
 
 class RetiredKernelError(RuntimeError):
@@ -179,9 +182,14 @@ class QuantLinear(nn.Module):
         return tuple(tensor_key(t) for t in self.checkpoint_tensors())
 
     def ensure_prepared(self) -> None:
-        """Re-run ``prepare()`` if the checkpoint tensors changed, moved or changed dtype since the last one."""
+        """Re-run ``prepare()`` if the checkpoint tensors changed, moved or changed dtype since the last one.
+
+        Threads that meet a stale layer together prepare it once: the check is repeated under a lock (one for the
+        process: preparation is rare, and a lock on the module would not survive ``copy.deepcopy``)."""
         if self._runtime_key != self._current_key():
-            self.prepare()
+            with _PREPARE_LOCK:
+                if self._runtime_key != self._current_key():
+                    self.prepare()
 
     def check_input(self, x: torch.Tensor, device_type: str | None = None) -> None:
         """Raise ``ValueError`` unless ``x`` has ``in_features`` last, a declared dtype (and the device type)."""
