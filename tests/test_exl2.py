@@ -16,6 +16,7 @@ What is checked against what:
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,8 @@ from tests.oracle import exl2_numpy as oracle
 N = 64
 PARAMS = [exl2.Exl2Params((8, 6, 5, 4, 3, 2), (32, 32, 32, 64, 32, 64)),
           exl2.Exl2Params((6, 4, 4, 2), (64, 128, 128, 16)),
-          exl2.Exl2Params((3,), (96,), stored_perm=True)]
+          exl2.Exl2Params((3,), (96,), stored_perm=True),
+          exl2.Exl2Params((5, 5, 4, 4, 4, 4, 3, 3, 3), (32,) * 8 + (64,))]  # runs of one width: one bit stream
 
 
 def module(p: exl2.Exl2Params, seed: int, n: int = N) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
@@ -166,3 +168,38 @@ def test_content_errors_raise_value_errors() -> None:
     layer = direct(t, p)
     with pytest.raises(ValueError, match="expected last dimension 336"):
         layer(torch.randn(1, 7))
+
+
+def test_tiny_llama_directory_serves_through_transformers(tmp_path: Path) -> None:
+    """A one-layer Llama whose every linear layer (lm_head included, as exllamav2 quantizes it) is EXL2: served by
+    ``hf_model.from_pretrained`` it gives the logits of the float32 model holding the decoded weights."""
+    tf = pytest.importorskip("transformers", reason="transformers is not installed: pip install 'qlinear[hf]'")
+    from qlinear.hf_model import backend_summary, from_pretrained
+
+    h, inter = 64, 128
+    cfg = tf.LlamaConfig(hidden_size=h, intermediate_size=inter, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=96, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    ref = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    by_k = {h: exl2.Exl2Params((6, 4, 4), (32, 16, 16)), inter: exl2.Exl2Params((5, 4, 3), (32, 64, 32))}
+    tensors = {}
+    for i, (name, mod) in enumerate(ref.named_modules()):
+        if isinstance(mod, torch.nn.Linear):
+            n, k = mod.weight.shape
+            t, _, _ = module(by_k[k], 100 + i, n=n)
+            del t["bias"]
+            mod.weight.data.copy_(exl2.dequantize(t, by_k[k], n).float())
+            tensors.update({f"{name}.{leaf}": v for leaf, v in t.items()})
+        elif not list(mod.children()) and isinstance(getattr(mod, "weight", None), torch.Tensor):
+            tensors[f"{name}.weight"] = mod.weight.data.clone()
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    config = cfg.to_dict() | {"quantization_config": {"quant_method": "exl2", "version": "0.3.2", "bits": 4.3,
+                                                      "head_bits": 6}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    served = from_pretrained(tmp_path)
+    summary = "\n".join(backend_summary(served))
+    assert re.search(r"lm_head\s+1 x exl2_torch \(exl2\)", summary), summary
+    ids = torch.tensor([[1, 5, 7, 9]])
+    with torch.inference_mode():
+        a, b = served(ids).logits, ref(ids).logits
+    assert ((a - b).abs().max() / b.abs().max()).item() < 1e-5

@@ -57,7 +57,7 @@ def hammer(layer: QuantLinear, xs: list[torch.Tensor], streams: list[object] | N
                         outs[t].append(layer(xs[(i + t + r) % len(xs)]).clone())
             if streams:
                 streams[t].synchronize()
-        except BaseException as err:  # noqa: BLE001 - reported below with the thread's number
+        except BaseException as err:
             errors.append(err)
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(THREADS)]

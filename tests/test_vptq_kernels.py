@@ -73,7 +73,10 @@ def test_selection() -> None:
     s = vptq_cases.scheme(meta)
     assert select(Problem(s, torch.float16), Target.here("cpu")).kernel is VPTQLinear
     cuda = Target.fake_cuda((9, 0), modules={"triton": True})
-    assert select(Problem(s, torch.bfloat16), cuda, BACKEND.VPTQ_CUDA).kernel is VPTQCudaLinear
+    assert select(Problem(s, torch.bfloat16), cuda).kernel is VPTQCudaLinear
+    assert select(Problem(s, torch.bfloat16), cuda, BACKEND.VPTQ_TORCH).kernel is VPTQLinear
+    meta1, _ = vptq_cases.make_case("c", **CASES[2])  # GPTQModel's per-output norm: the Torch kernel only
+    assert select(Problem(vptq_cases.scheme(meta1), torch.float16), cuda).kernel is VPTQLinear
     no_triton = Target.fake_cuda((9, 0), modules={})
     assert any("triton" in r for r in VPTQCudaLinear.reasons(Problem(s, torch.float16), no_triton))
 

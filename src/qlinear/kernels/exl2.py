@@ -18,8 +18,10 @@ from ..layouts import exl2
 from ..spec import Scheme
 from .base import QuantLinear
 
-#: Decoded values per column tile.
+#: Decoded values per column tile: cache-sized on CPU; on a GPU larger tiles (fewer, bigger launches: a tile is
+#: about 30 small kernels per run of one bit width).
 TILE_ELEMENTS = 1 << 18
+TILE_ELEMENTS_CUDA = 1 << 24
 
 
 def exl2_params(scheme: Scheme) -> exl2.Exl2Params:
@@ -61,6 +63,7 @@ class Exl2TorchLinear(QuantLinear):
         self.register_buffer("bias", torch.zeros(self.out_features, dtype=torch.float16) if bias else None)
         self.register_buffer("_perm", None, persistent=False)
         self.register_buffer("_scales", None, persistent=False)
+        self.register_buffer("_groups", None, persistent=False)
 
     def _load_from_state_dict(self, state_dict: dict[str, object], prefix: str, *args: object,
                               **kwargs: object) -> None:
@@ -93,12 +96,14 @@ class Exl2TorchLinear(QuantLinear):
         return [*self.tensors().values(), self.bias]
 
     def prepare(self) -> None:
-        """Check the tensors once, then keep ``q_perm`` (int64) and the float16 group scales ``[G, N]``."""
+        """Check the tensors once, then keep ``q_perm`` (int64), the float16 group scales ``[G, N]`` and each stored
+        row's group (so a forward makes no host round trip: it can be captured in a CUDA graph)."""
         p = exl2_params(self.scheme)
         t = self.tensors()
         exl2.check_tensors(t, p, self.out_features)
         self._perm = torch.argsort(self.q_invperm.to(torch.int64))
         self._scales = exl2.row_scales(self.q_scale, self.q_scale_max, self.out_features)
+        self._groups = exl2.row_groups(p).to(self.q_weight.device)
         super().prepare()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -108,10 +113,11 @@ class Exl2TorchLinear(QuantLinear):
         p = exl2_params(self.scheme)
         x2 = x.reshape(-1, k)[:, self._perm]
         y = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
-        step = max(8, TILE_ELEMENTS // k // 8 * 8)
+        tile = TILE_ELEMENTS_CUDA if x.device.type == "cuda" else TILE_ELEMENTS
+        step = max(8, tile // k // 8 * 8)
         for n0 in range(0, n, step):
             n1 = min(n, n0 + step)
-            w = exl2.decode_group_cols(self.q_weight, p, self._scales, n0, n1).to(x.dtype)
+            w = exl2.decode_group_cols(self.q_weight, p, self._scales, n0, n1, self._groups).to(x.dtype)
             torch.matmul(x2, w, out=y[:, n0:n1])
         if self.bias is not None:
             y += self.bias.to(x.dtype)

@@ -40,6 +40,8 @@ class Exl3QuantLinear(QuantLinear):
     """The EXL3 checkpoint buffers, their validation and the transforms both kernels share."""
 
     raw_packing = False  # EXL3 weights come from exllamav3's quantizer through a checkpoint, not affine codes
+    #: Whether forward looks codebook values up in Torch (the Triton kernel computes them in registers).
+    uses_table = True
 
     def __init__(self, scheme: Scheme, bias: bool = False, dtype: torch.dtype = torch.float16) -> None:
         super().__init__(scheme, bias=bias, dtype=dtype)
@@ -98,12 +100,13 @@ class Exl3QuantLinear(QuantLinear):
         return exl3.dense_weight(self.tensors(), self.params).t().to(dtype)
 
     def prepare(self) -> None:
-        """Validate the tensors; keep the codebook table, the Hadamard matrix and float32 scale vectors."""
+        """Validate the tensors; keep the codebook table, the Hadamard matrix (both shared between layers) and float32
+        scale vectors."""
         t = self.tensors()
         exl3.check_tensors(t, self.params, self.in_features, self.out_features)
         dev = t["trellis"].device
         suh, svh = exl3.scale_vectors(t, self.params)
-        self._rt_table = exl3.codebook_table(self.params.codebook, dev)
+        self._rt_table = exl3.codebook_table(self.params.codebook, dev) if self.uses_table else None
         self._rt_had = exl3.hadamard(dev)
         self._rt_suh, self._rt_svh = suh.float().contiguous(), svh.float().contiguous()
         super().prepare()
@@ -154,9 +157,11 @@ class ExllamaV3Linear(Exl3QuantLinear):
     M <= 32 a fused decode GEMM (trellis -> float16 tile -> tensor-core dot, float32 sums, split over K), above
     that the float16 inner weight decoded once per call (transient) and one cuBLAS matmul. The transformed input
     is rounded to float16 before the product, as exllamav3 does; outputs match ExllamaV3TorchLinear to that
-    rounding. Declared for CUDA only: the kernel has not been run on ROCm."""
+    rounding (split-K partial sums are added atomically, so their order may vary between calls). Declared for CUDA
+    only: the kernel has not been run on ROCm."""
 
     backend = _DeclaredNative.backend
+    uses_table = False
     caps = _DeclaredNative.caps.but(devices=frozenset({DEVICE.CUDA}), requires_modules={"triton": "triton>=3.4"},
                                     gpu_archs=archs_from((8, 0)))
 

@@ -156,14 +156,14 @@ class VPTQLinear(VPTQQuantLinear):
         if not isinstance(s.layout_params, vptq.VptqParams):
             return ""
         return (f"{vptq.describe(s)}: output rows decoded exactly as VPTQ dequantizes, in tiles of about "
-                f"{TILE_ELEMENTS} values, each multiplied by torch.matmul (no dense weight kept)")
+                f"{TILE_ELEMENTS} values, each one F.linear (no dense weight kept)")
 
 
 class VPTQCudaLinear(VPTQQuantLinear):
     """VPTQ on CUDA through Triton (``triton/vptq_mv.py``): M <= 4 a split-K GEMV gathering codebook vectors
     from the packed codes, M <= 16 the same decoded tiles on tensor cores; above, the weight decoded once per call,
-    then one matmul. Outlier columns (a few
-    percent of K) are decoded by the Torch path and multiplied in beside it."""
+    then one matmul. Outlier columns (a few percent of K) are decoded by the Torch path and multiplied in beside
+    it."""
 
     backend = _DeclaredCuda.backend
     # The vptq package's own CUDA extension is not used (the Triton kernel replaces it), so the declaration's

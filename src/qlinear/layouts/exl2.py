@@ -142,13 +142,37 @@ def row_scales(q_scale: torch.Tensor, q_scale_max: torch.Tensor, out_features: i
     return (qs * qs * msc.to(torch.float32)[:, None]).to(torch.float16)
 
 
-def decode_group_cols(q_weight: torch.Tensor, p: Exl2Params, scales: torch.Tensor, n0: int, n1: int) -> torch.Tensor:
-    """Weights ``[K, n1 - n0]`` float16 of columns ``n0:n1`` in STORED row order (``scales`` from ``row_scales``)."""
+def runs(p: Exl2Params) -> list[tuple[int, int, int, int, int]]:
+    """Consecutive groups of one width as ``(bits, first group, groups, first word row, word rows)``: every group
+    but the last fills whole words, so such a run is one continuous bit stream (one unpack instead of one per group)."""
+    out: list[tuple[int, int, int, int, int]] = []
+    word = 0
+    for i, (b, w) in enumerate(zip(p.group_bits, p.word_rows)):
+        if out and out[-1][0] == b:
+            bb, g0, ng, w0, nw = out[-1]
+            out[-1] = (bb, g0, ng + 1, w0, nw + w)
+        else:
+            out.append((b, i, 1, word, w))
+        word += w
+    return out
+
+
+def row_groups(p: Exl2Params) -> torch.Tensor:
+    """The group of every stored row, ``[K]`` int64 (on CPU; a kernel keeps a device copy)."""
+    return torch.repeat_interleave(torch.arange(len(p.group_rows)), torch.tensor(p.group_rows))
+
+
+def decode_group_cols(q_weight: torch.Tensor, p: Exl2Params, scales: torch.Tensor, n0: int, n1: int,
+                      groups: torch.Tensor | None = None) -> torch.Tensor:
+    """Weights ``[K, n1 - n0]`` float16 of columns ``n0:n1`` in STORED row order (``scales`` from ``row_scales``,
+    ``groups`` from ``row_groups`` on ``q_weight``'s device, or None to build it here)."""
+    gid = row_groups(p).to(q_weight.device) if groups is None else groups
     parts, row = [], 0
-    for i, (b, r, w) in enumerate(zip(p.group_bits, p.group_rows, p.word_rows)):
-        codes = unpack_bits(q_weight[row:row + w, n0:n1], b, r, dim=0, name="q_weight").to(torch.float32)
-        parts.append(((codes - (1 << (b - 1))) * scales[i, n0:n1].to(torch.float32)).to(torch.float16))
-        row += w
+    for b, g0, ng, w0, nw in runs(p):
+        r = sum(p.group_rows[g0:g0 + ng])
+        codes = unpack_bits(q_weight[w0:w0 + nw, n0:n1], b, r, dim=0, name="q_weight").to(torch.float32)
+        parts.append(((codes - (1 << (b - 1))) * scales[gid[row:row + r], n0:n1].to(torch.float32)).to(torch.float16))
+        row += r
     return torch.cat(parts)
 
 

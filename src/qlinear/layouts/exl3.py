@@ -24,6 +24,7 @@ Sylvester-Hadamard transform applied blockwise along K (left) and N (right). Hal
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -104,10 +105,12 @@ def _half_of_bits(bits: torch.Tensor) -> torch.Tensor:
     return bits.to(torch.int32).to(torch.int16).view(torch.float16).float()
 
 
+@functools.lru_cache(maxsize=16)
 def codebook_table(codebook: str, device: torch.device | str = "cpu") -> torch.Tensor:
-    """float16 ``[65536]``: the value of every 16-bit state. Computed in float32, where every step here is exact
-    (two float16 halves of bounded exponent; an 11-bit integer times an 11-bit constant plus an 11-bit constant),
-    then rounded once to float16, as the CUDA ``__hadd`` / ``__hfma`` round the exact result once."""
+    """float16 ``[65536]``: the value of every 16-bit state (one shared, read-only tensor per codebook and device).
+    Computed in float32, where every step here is exact (two float16 halves of bounded exponent; an 11-bit integer
+    times an 11-bit constant plus an 11-bit constant), then rounded once to float16, as the CUDA ``__hadd`` /
+    ``__hfma`` round the exact result once."""
     if codebook not in CODEBOOKS:
         raise Exl3LayoutError(f"EXL3 codebook: expected one of {', '.join(CODEBOOKS)}, got {codebook!r}")
     s = torch.arange(1 << 16, dtype=torch.int64, device=device)
@@ -169,8 +172,10 @@ def unpack_signs(packed: torch.Tensor) -> torch.Tensor:
     return (1 - 2 * bits).reshape(-1).to(torch.float16)
 
 
+@functools.lru_cache(maxsize=16)
 def hadamard(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The orthonormal 128x128 Sylvester-Hadamard matrix (symmetric); ``+-1/sqrt(128)`` is exact in float32."""
+    """The orthonormal 128x128 Sylvester-Hadamard matrix (symmetric; one shared, read-only tensor per device and
+    dtype); ``+-1/sqrt(128)`` is exact in float32."""
     i = torch.arange(HAD)
     parity = torch.zeros(HAD, HAD, dtype=torch.int64)
     anded = i[:, None] & i[None, :]

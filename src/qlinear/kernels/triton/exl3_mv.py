@@ -21,32 +21,37 @@ _K_BIAS = tl.constexpr(-10.3828125)  # float16 0xC931
 
 
 @triton.jit
-def _decode_block(tr_ptr, k0, n0, n_tiles, BITS: tl.constexpr, CB: tl.constexpr, BK: tl.constexpr,
-                  BN: tl.constexpr):
-    """float16 ``[BK, BN]`` inner weight of rows ``k0:k0+BK``, columns ``n0:n0+BN`` (all multiples of 16)."""
-    k = k0 + tl.arange(0, BK)
+def _block_offsets(n0, n_tiles, BITS: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr):
+    """Per element of a ``[BK, BN]`` block at rows ``0:BK``, columns ``n0:n0+BN``: the offsets of the two int16
+    words holding its state and the right shift that aligns it. The same for every K step (add ``k0 / 16`` tile
+    rows to the base pointer), so they are computed once per program."""
+    kk = tl.arange(0, BK)
     n = n0 + tl.arange(0, BN)
-    r = (k % 16)[:, None]
+    r = (kk % 16)[:, None]
     c = (n % 16)[None, :]
     t = ((c % 8) * 4 + (r % 8) // 2) * 8 + (c // 8) * 4 + (r // 8) * 2 + (r % 2)  # stream position
-    WORDS: tl.constexpr = 16 * BITS
-    TOTAL: tl.constexpr = 256 * BITS
-    start = ((t + 1) * BITS + (TOTAL - 16)) % TOTAL  # first bit of the state
+    start = ((t + 1) * BITS + (256 * BITS - 16)) % (256 * BITS)  # first bit of the state (tile of 256 BITS bits)
     w = start // 16
-    base = ((k // 16)[:, None] * n_tiles + (n // 16)[None, :]) * WORDS
-    w0 = tl.load(tr_ptr + base + (w ^ 1)).to(tl.uint16, bitcast=True).to(tl.uint32)
-    w1 = tl.load(tr_ptr + base + (((w + 1) % WORDS) ^ 1)).to(tl.uint16, bitcast=True).to(tl.uint32)
-    state = (((w0 << 16) | w1) >> (16 - start % 16).to(tl.uint32)) & 0xFFFF
-    if CB == 2:  # mul1
+    tile = ((kk // 16)[:, None] * n_tiles + (n // 16)[None, :]) * (16 * BITS)
+    return tile + (w ^ 1), tile + (((w + 1) % (16 * BITS)) ^ 1), (16 - start % 16).to(tl.uint32)
+
+
+@triton.jit
+def _decode(tr_ptr, off0, off1, shift, CB: tl.constexpr):
+    """float16 values of the states at ``tr_ptr + off0`` / ``off1`` (see ``_block_offsets``)."""
+    w0 = tl.load(tr_ptr + off0).to(tl.uint16, bitcast=True).to(tl.uint32)
+    w1 = tl.load(tr_ptr + off1).to(tl.uint16, bitcast=True).to(tl.uint32)
+    state = (((w0 << 16) | w1) >> shift) & 0xFFFF
+    if CB == 2:  # mul1: the float32 product is exact, so one rounding as __hfma
         x = state * 0x83DCD12D
         total = (x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)
         val = ((total + 1024).to(tl.float32) * _K_INV + _K_BIAS).to(tl.float16)
     else:
         x = state * 89226354 + 64248484 if CB == 0 else state * 0xCBAC1FED  # 3inst / mcg
         x = (x & 0x8FFF8FFF) ^ 0x3B603B60
-        lo = (x & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-        hi = (x >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-        val = (lo + hi).to(tl.float16)
+        lo = (x & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+        hi = (x >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
+        val = lo + hi  # float16 add: the exact sum rounded once, as __hadd
     return val
 
 
@@ -60,11 +65,14 @@ def exl3_mv_kernel(x_ptr, tr_ptr, y_ptr, M, K, n_tiles, k_split, stride_xm, stri
     pid_m = tl.program_id(2)
     m = pid_m * BM + tl.arange(0, BM)
     n0 = pid_n * BN
+    off0, off1, shift = _block_offsets(n0, n_tiles, BITS, BK, BN)
+    kk = tl.arange(0, BK)
+    x_rows = x_ptr + m[:, None] * stride_xm + kk[None, :]
     acc = tl.zeros((BM, BN), dtype=tl.float32)
+    k_step = (BK // 16) * n_tiles * 16 * BITS  # int16 words per BK rows
     for k0 in range(pid_k * k_split, tl.minimum(K, (pid_k + 1) * k_split), BK):
-        wt = _decode_block(tr_ptr, k0, n0, n_tiles, BITS, CB, BK, BN)
-        kk = k0 + tl.arange(0, BK)
-        xt = tl.load(x_ptr + m[:, None] * stride_xm + kk[None, :], mask=m[:, None] < M, other=0.0)
+        wt = _decode(tr_ptr + (k0 // BK) * k_step, off0, off1, shift, CB)
+        xt = tl.load(x_rows + k0, mask=m[:, None] < M, other=0.0)
         acc += tl.dot(xt, wt)
     n = n0 + tl.arange(0, BN)
     ptr = y_ptr + m[:, None] * stride_ym + n[None, :]
@@ -80,7 +88,8 @@ def exl3_decode_kernel(tr_ptr, w_ptr, n_tiles, BITS: tl.constexpr, CB: tl.conste
     """The float16 inner weight ``[K, N]`` (row-major), one ``[BK, BN]`` block per program."""
     k0 = tl.program_id(1) * BK
     n0 = tl.program_id(0) * BN
-    wt = _decode_block(tr_ptr, k0, n0, n_tiles, BITS, CB, BK, BN)
+    off0, off1, shift = _block_offsets(n0, n_tiles, BITS, BK, BN)
+    wt = _decode(tr_ptr + (k0 // 16) * n_tiles * 16 * BITS, off0, off1, shift, CB)
     k = k0 + tl.arange(0, BK)
     n = n0 + tl.arange(0, BN)
     tl.store(w_ptr + k[:, None] * (n_tiles * 16) + n[None, :], wt)

@@ -85,6 +85,7 @@ def vptq_gemv_kernel(x_ptr, idx_ptr, cb_ptr, res_ptr, s_ptr, b_ptr, out_ptr, M, 
     acc1 = tl.zeros([BJ, VP], dtype=tl.float32)
     acc2 = tl.zeros([BJ, VP], dtype=tl.float32)
     acc3 = tl.zeros([BJ, VP], dtype=tl.float32)
+    wide = tl.zeros([BJ, BK, VP], dtype=tl.float32)  # one row: products kept per lane, reduced once at the end
     for kk in range(k0, k_end, BK):
         offs_k = kk + tl.arange(0, BK)
         w = _decode_tile(idx_ptr, cb_ptr, res_ptr, s_ptr, b_ptr, offs_j, offs_k, k_end, J, W, GS, C, R,
@@ -92,7 +93,10 @@ def vptq_gemv_kernel(x_ptr, idx_ptr, cb_ptr, res_ptr, s_ptr, b_ptr, out_ptr, M, 
         w = _round_like(w, x_ptr, INTERP)
         kmask = offs_k < k_end
         x0 = tl.load(x_ptr + offs_k, mask=kmask, other=0.0).to(tl.float32)
-        acc0 += tl.sum(w * x0[None, :, None], axis=1)
+        if MR == 1:
+            wide += w * x0[None, :, None]
+        else:
+            acc0 += tl.sum(w * x0[None, :, None], axis=1)
         if MR > 1:
             x1 = tl.load(x_ptr + KM + offs_k, mask=kmask, other=0.0).to(tl.float32)
             acc1 += tl.sum(w * x1[None, :, None], axis=1)
@@ -102,6 +106,8 @@ def vptq_gemv_kernel(x_ptr, idx_ptr, cb_ptr, res_ptr, s_ptr, b_ptr, out_ptr, M, 
         if MR > 3:
             x3 = tl.load(x_ptr + 3 * KM + offs_k, mask=kmask, other=0.0).to(tl.float32)
             acc3 += tl.sum(w * x3[None, :, None], axis=1)
+    if MR == 1:
+        acc0 = tl.sum(wide, axis=1)
     e = tl.arange(0, VP)
     n = offs_j[:, None] * V + e[None, :]
     omask = (e < V)[None, :] & (n < N)
@@ -194,17 +200,20 @@ def vptq_main(x: torch.Tensor, idx: torch.Tensor, cb: torch.Tensor, res: torch.T
     pj = triton.cdiv(c["J"], bj)
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
     k_split = triton.cdiv(triton.cdiv(km, gemv_split(pj, km, bk, sms)), bk) * bk
-    flags = dict(BJ=bj, BK=bk, HAS_RES=res is not None, HAS_NORM=has_norm, enable_fp_fusion=False, num_warps=4)
+    flags = dict(BJ=bj, HAS_RES=res is not None, HAS_NORM=has_norm, enable_fp_fusion=False, num_warps=4)
     if path == "mma":
         bm = 16
         grid = (pj, triton.cdiv(km, k_split), triton.cdiv(m, bm))
         prec = "ieee" if x.dtype == torch.float32 else "tf32"
-        vptq_mma_kernel[grid](x, idx, cb, r, s, b, y, m, n, KM=km, K_SPLIT=k_split, BM=bm, PREC=prec, **flags, **c)
+        vptq_mma_kernel[grid](x, idx, cb, r, s, b, y, m, n, KM=km, K_SPLIT=k_split, BM=bm, BK=bk, PREC=prec,
+                              **flags, **c)
         return y
     for m0 in range(0, m, GEMV_MAX_M):
         mr = min(GEMV_MAX_M, m - m0)
         grid = (pj, triton.cdiv(km, k_split))
-        vptq_gemv_kernel[grid](x[m0:], idx, cb, r, s, b, y[m0:], mr, n, KM=km, K_SPLIT=k_split, MR=mr, **flags, **c)
+        # several rows: BK 32 keeps four rows at 128 registers on sm_90 (BK 64: 255 and spills; ptxas -v)
+        vptq_gemv_kernel[grid](x[m0:], idx, cb, r, s, b, y[m0:], mr, n, KM=km, K_SPLIT=k_split, MR=mr,
+                               BK=bk if mr == 1 else bk // 2, **flags, **c)
     return y
 
 
