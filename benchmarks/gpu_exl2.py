@@ -1,0 +1,195 @@
+"""ExLlamaV2 layers on the GPU: ``ExllamaV2Linear`` / ``AwqExllamaV2Linear`` (CUDA route: qlinear's Triton GPTQ
+kernels) and ``Exl2TorchLinear`` (EXL2 mixed-bit, exact Torch decode per forward), checked then timed beside bf16
+``F.linear`` (cuBLAS).
+
+    PYTHONPATH=src python benchmarks/gpu_exl2.py
+    PYTHONPATH=src python benchmarks/gpu_exl2.py --no-check --shapes 4096x14336 --ms 1,16
+
+Checks, on random layers: each layer on the GPU against the same layer on the CPU (exllamav2's exact float16
+decode there; for EXL2 the same decode on both devices) and against ``x @ W^T`` in float64. Timing
+(``gpu_linear.timed``/``copies``): a CUDA graph calling the layer once per weight copy (copies together over 4x L2),
+replayed ``--reps`` times, median per call; activations bfloat16. EXL2 layers hold 3.9 bits per weight on average
+(4.0 with the scales): 8/6/5/4/3-bit groups of 32 rows, widest first as exllamav2 orders them. Their time includes
+decoding the whole weight in column tiles on every call (there is no fused kernel yet).
+``$OUT`` (a directory), when set, receives the report as ``gpu_exl2.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SHAPES = ((4096, 14336), (14336, 4096))
+MS = (1, 16, 64, 256)
+DEV = torch.device("cuda")
+LINES: list[str] = []
+
+
+def say(line: str = "") -> None:
+    print(line, flush=True)
+    LINES.append(line)
+
+
+def exl2_params(k: int):
+    """3.9 bits per weight: rows 1/32 8-bit, 1/32 6-bit, 1/16 5-bit, 1/2 4-bit, the rest 3-bit; 32-row groups."""
+    from qlinear.layouts.exl2 import Exl2Params
+
+    plan = [(8, k // 32), (6, k // 32), (5, k // 16), (4, k // 2)]
+    bits: list[int] = []
+    for b, rows in plan:
+        bits += [b] * (rows // 32)
+    bits += [3] * ((k - 32 * len(bits)) // 32)
+    return Exl2Params(tuple(bits), (32,) * len(bits))
+
+
+def exl2_layer(k: int, n: int, gen: torch.Generator):
+    from qlinear.kernels.exl2 import Exl2TorchLinear
+    from qlinear.layouts import exl2
+    from qlinear.spec import Scheme
+
+    p = exl2_params(k)
+    codes = torch.cat([torch.randint(0, 1 << b, (r, n), generator=gen) for b, r in zip(p.group_bits, p.group_rows)])
+    qs = torch.randint(0, 16, (len(p.group_bits), n), generator=gen)
+    smax = (torch.rand(len(p.group_bits), generator=gen) * 0.02 + 0.002).half()
+    t = exl2.encode(codes, qs, smax, torch.randperm(k, generator=gen), p)
+    t["bias"] = (torch.randn(n, generator=gen) * 0.1).half()
+    s = Scheme(bits=p.max_bits, group_size=-1, in_features=k, out_features=n, method="exl2", format="exl2",
+               layout_params=p)
+    layer = Exl2TorchLinear(s, bias=True, dtype=torch.bfloat16)
+    layer.load_state_dict(t)
+    return layer
+
+
+def exv2_layer(cls, k: int, n: int, gen: torch.Generator, desc_act: bool):
+    from qlinear import quantize_rtn
+    from qlinear.spec import Scheme
+
+    awq = cls.__name__.startswith("Awq")
+    perm = torch.randperm(k, generator=gen) if desc_act else None
+    q = quantize_rtn(torch.randn(n, k, generator=gen) * 0.02, bits=4, group_size=128, sym=False, desc_act=desc_act,
+                     perm=perm)
+    s = Scheme(bits=4, group_size=128, in_features=k, out_features=n, sym=False, desc_act=desc_act,
+               method="awq" if awq else "gptq", format="gemm" if awq else "gptq")
+    layer = cls(s, bias=True)
+    layer.load_affine(q, bias=torch.randn(n, generator=gen) * 0.1)
+    return layer
+
+
+def row(name: str, k: int, n: int, m: int, cpu_layer, dtype: torch.dtype, gen: torch.Generator) -> None:
+    import copy
+
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    want = cpu_layer(x).double()
+    w = cpu_layer.dequantize(torch.float64)
+    ref = x.double() @ w.t() + cpu_layer.bias.double()
+    gpu = copy.deepcopy(cpu_layer).to(DEV)
+    got = gpu(x.to(DEV)).cpu().double()
+    scale = float(ref.abs().max())
+    say(f"| {name} | {k}x{n} | {str(dtype)[6:]} | {m} | {float((got - want).abs().max()) / scale:.2e} | "
+        f"{float((got - ref).abs().max()) / scale:.2e} | {float((want - ref).abs().max()) / scale:.2e} |")
+
+
+def checks(args: argparse.Namespace) -> None:
+    from qlinear.kernels.exllamav2 import AwqExllamaV2Linear, ExllamaV2Linear
+
+    say("## Checks: GPU layer vs the same layer on CPU, and both vs float64 x @ W^T (max |diff| / max |y|)")
+    say()
+    say("| layer | K x N | dtype | M | GPU vs CPU | GPU vs fp64 | CPU vs fp64 |")
+    say("|---|---|---|---|---|---|---|")
+    gen = torch.Generator().manual_seed(0)
+    k, n = 1024, 2048
+    cases = [("ExllamaV2Linear act-order", exv2_layer(ExllamaV2Linear, k, n, gen, True), torch.float16),
+             ("ExllamaV2Linear", exv2_layer(ExllamaV2Linear, k, n, gen, False), torch.bfloat16),
+             ("AwqExllamaV2Linear", exv2_layer(AwqExllamaV2Linear, k, n, gen, False), torch.float16),
+             ("Exl2TorchLinear", exl2_layer(k, n, gen), torch.bfloat16),
+             ("Exl2TorchLinear", exl2_layer(k, n, gen), torch.float16)]
+    for name, layer, dtype in cases:
+        for m in (1, 7, 64):
+            row(name, k, n, m, layer, dtype, gen)
+    say()
+
+
+def timing(args: argparse.Namespace) -> None:
+    from gpu_linear import copies, timed
+    from qlinear.kernels.exllamav2 import ExllamaV2Linear
+
+    say("## Timing: bf16 F.linear (cuBLAS) vs ExllamaV2Linear (Triton route) and Exl2TorchLinear (us per call)")
+    say()
+    say("| K x N | M | bf16 | ExllamaV2Linear g128 | ratio | Exl2TorchLinear 3.9b | ratio |")
+    say("|---|---|---|---|---|---|---|")
+    gen = torch.Generator().manual_seed(1)
+    ggen = torch.Generator(device=DEV).manual_seed(1)
+    for k, n in args.shapes:
+        wb = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16, generator=ggen) * 0.02
+              for _ in range(copies(n * k * 2))]
+        base_v2 = exv2_layer(ExllamaV2Linear, k, n, gen, True)
+        base_x2 = exl2_layer(k, n, gen)
+        v2 = [base_v2.to(DEV)] + [_clone(base_v2) for _ in range(copies(n * k // 2) - 1)]
+        x2 = [base_x2.to(DEV), _clone(base_x2)]  # decode-bound: two copies, few replays
+        for m in args.ms:
+            x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=ggen)
+            tb = timed([lambda x, w=w: F.linear(x, w) for w in wb], x, args.reps)
+            cells = []
+            for layers, reps in ((v2, args.reps), (x2, min(args.reps, 5))):
+                try:
+                    t = timed(list(layers), x, reps)
+                    cells += [f"{t:.1f}", f"{t / tb:.2f}"]
+                except Exception as err:  # report, keep the table going
+                    cells += [f"failed: {type(err).__name__}: {str(err)[:80]}", "-"]
+            say(f"| {k}x{n} | {m} | {tb:.1f} | " + " | ".join(cells) + " |")
+        del wb, v2, x2
+        torch.cuda.empty_cache()
+    say()
+
+
+def _clone(layer):
+    import copy
+
+    return copy.deepcopy(layer)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
+    p.add_argument("--ms", default=",".join(map(str, MS)))
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--no-check", action="store_true")
+    p.add_argument("--out", default=None, help="also write the report to this file")
+    args = p.parse_args(argv)
+    args.shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    args.ms = [int(v) for v in args.ms.split(",")]
+    return args
+
+
+def main(argv: list[str] | None = None) -> str:
+    args = parse(argv)
+    t0 = time.time()
+    props = torch.cuda.get_device_properties(DEV)
+    import triton
+
+    say(f"# ExLlamaV2 / EXL2 on {props.name} (torch {torch.__version__}, triton {triton.__version__})")
+    say()
+    say(f"command: python benchmarks/gpu_exl2.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    say()
+    if not args.no_check:
+        checks(args)
+    timing(args)
+    say(f"<!-- {time.time() - t0:.0f} s -->")
+    text = "\n".join(LINES) + "\n"
+    for dest in (args.out, os.path.join(os.environ["OUT"], "gpu_exl2.md") if os.environ.get("OUT") else None):
+        if dest:
+            Path(dest).write_text(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

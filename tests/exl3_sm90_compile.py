@@ -1,0 +1,39 @@
+"""Compile the EXL3 Triton kernels for sm_90 (ptx + cubin): run in a fresh process by test_exl3_sm90_compile.py.
+
+    python3 tests/exl3_sm90_compile.py      # prints one line per case: "<case> ok <cubin bytes>" or "<case> err ..."
+
+A process that has run Triton's interpreter keeps Triton's language patched for it (see gluon_sass_compile.py).
+"""
+
+from __future__ import annotations
+
+#: case -> (kernel name, constexprs, pointer types)
+_MV = {"x_ptr": "*fp16", "tr_ptr": "*i16", "y_ptr": "*fp32"}
+CASES = {
+    "mv-2bit-3inst-atomic": ("exl3_mv_kernel", dict(BITS=2, CB=0, BM=16, BK=64, BN=64, ATOMIC=True), _MV),
+    "mv-3bit-mcg": ("exl3_mv_kernel", dict(BITS=3, CB=1, BM=16, BK=64, BN=64, ATOMIC=False), _MV),
+    "mv-5bit-mul1-atomic": ("exl3_mv_kernel", dict(BITS=5, CB=2, BM=16, BK=64, BN=64, ATOMIC=True), _MV),
+    "decode-4bit-mul1": ("exl3_decode_kernel", dict(BITS=4, CB=2, BK=64, BN=64), {"tr_ptr": "*i16", "w_ptr": "*fp16"}),
+}
+
+
+def main() -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from qlinear.kernels.triton import exl3_mv
+
+    for name, (kernel_name, consts, ptrs) in CASES.items():
+        kernel = getattr(exl3_mv, kernel_name)
+        sig = {a: "constexpr" if a in consts else ptrs.get(a, "i32") for a in kernel.arg_names}
+        try:
+            compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                                      options={"num_warps": 4})
+            print(name, "ok", len(compiled.asm["cubin"]), flush=True)
+        except Exception as err:  # reported to the test, which fails or skips with it
+            print(name, "err", type(err).__name__, str(err).replace("\n", " ")[:500], flush=True)
+
+
+if __name__ == "__main__":
+    main()
