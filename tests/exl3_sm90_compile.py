@@ -11,9 +11,14 @@ from __future__ import annotations
 _MV = {"x_ptr": "*fp16", "tr_ptr": "*i16", "y_ptr": "*fp32"}
 CASES = {
     "mv-2bit-3inst-atomic": ("exl3_mv_kernel", dict(BITS=2, CB=0, BM=16, BK=64, BN=64, ATOMIC=True), _MV),
-    "mv-3bit-mcg": ("exl3_mv_kernel", dict(BITS=3, CB=1, BM=16, BK=64, BN=64, ATOMIC=False), _MV),
-    "mv-5bit-mul1-atomic": ("exl3_mv_kernel", dict(BITS=5, CB=2, BM=16, BK=64, BN=64, ATOMIC=True), _MV),
+    "mv-3bit-mcg": ("exl3_mv_kernel", dict(BITS=3, CB=1, BM=16, BK=32, BN=128, ATOMIC=False), _MV),
+    "mv-5bit-mul1-atomic": ("exl3_mv_kernel", dict(BITS=5, CB=2, BM=16, BK=32, BN=128, ATOMIC=True), _MV),
     "decode-4bit-mul1": ("exl3_decode_kernel", dict(BITS=4, CB=2, BK=64, BN=64), {"tr_ptr": "*i16", "w_ptr": "*fp16"}),
+    "had-in-bf16": ("had_in_kernel", dict(BM=16), {"x_ptr": "*bf16", "s_ptr": "*fp32", "h_ptr": "*fp32",
+                                                   "o_ptr": "*fp16"}),
+    "had-out-bias": ("had_out_kernel", dict(HAS_BIAS=True, BM=16), {"y_ptr": "*fp32", "s_ptr": "*fp32",
+                                                                    "b_ptr": "*fp16", "h_ptr": "*fp32",
+                                                                    "o_ptr": "*bf16"}),
 }
 
 

@@ -2,8 +2,8 @@
 Torch layout's float16 inner weight bit for bit (every codebook, widths 1..8); the fused GEMM (split-K with
 atomics and without, M past one 16-row block) equals ``xh @ inner`` up to float32 summation order (above
 ``FUSED_MAX_M``: the decoded weight times ``xh`` in float16, float16 output, within 1e-3); the layer's
-composition (input transform, product, output transform) equals ``ExllamaV3TorchLinear`` up to the float16
-rounding of the transformed input that the Triton path applies, as exllamav3 does.
+``ExllamaV3Linear.forward`` (input transform, product, output transform, all Triton) equals ``ExllamaV3TorchLinear``
+up to the float16 rounding of the transformed input that the Triton path applies, as exllamav3 does.
 
 TRITON_INTERPRET=1 is set at collection, before anything imports the kernel bodies.
 """
@@ -17,6 +17,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 
+from qlinear.kernels.exl3 import ExllamaV3Linear
 from qlinear.layouts import exl3
 from qlinear.layouts.exl3 import Exl3Params
 from tests.test_exl3_kernels import layer_for
@@ -59,12 +60,30 @@ def test_product_matches(mv, m: int, sms: int) -> None:
     torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
 
 
-def test_layer_composition_matches_torch_kernel(mv) -> None:
-    layer = layer_for(256, 256, Exl3Params(4, "3inst"), seed=9, bias=True)
-    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(1)).half()
-    xh, _ = layer._input_transform(x)
-    y = layer._output_transform(mv.inner_product(xh.half().contiguous(), layer.trellis, 4, "3inst", sms=4), x)
-    torch.testing.assert_close(y, layer(x), rtol=2e-3, atol=2e-3)
+@pytest.mark.parametrize(("m", "dtype", "bias"), [(3, torch.float16, True), (1, torch.bfloat16, False),
+                                                  (40, torch.float32, True)])
+def test_layer_forward_matches_torch_kernel(mv, monkeypatch, m: int, dtype: torch.dtype, bias: bool) -> None:
+    """``ExllamaV3Linear.forward`` itself, on CPU tensors (its CUDA-only input check lifted for the interpreter)."""
+    torch_layer = layer_for(256, 384, Exl3Params(4, "3inst"), seed=9, bias=bias)
+    layer = ExllamaV3Linear(torch_layer.scheme, bias=bias)
+    layer.load_state_dict(torch_layer.state_dict(), strict=True)
+    monkeypatch.setattr(layer, "check_input", lambda x, device_type=None: ExllamaV3Linear.check_input(layer, x))
+    x = torch.randn(m, 256, generator=torch.Generator().manual_seed(1)).to(dtype)
+    y = layer(x)
+    assert y.dtype == dtype and layer._rt_table is None
+    torch.testing.assert_close(y.float(), torch_layer(x).float(), rtol=3e-3, atol=3e-3)
+
+
+def test_transforms_match_torch(mv) -> None:
+    g = torch.Generator().manual_seed(3)
+    x, su = torch.randn(5, 256, generator=g), torch.randn(256, generator=g)
+    h = exl3.hadamard()
+    ours = mv.input_transform(x, su, h)
+    torch.testing.assert_close(ours, exl3.had_last(x * su, h).half(), rtol=1e-3, atol=0)
+    y, sv, b = torch.randn(5, 384, generator=g), torch.randn(384, generator=g), torch.randn(384, generator=g).half()
+    want = exl3.had_last(y, h) * sv + b.float()
+    torch.testing.assert_close(mv.output_transform(y, sv, b, h, torch.float32), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mv.output_transform(y, sv, None, h, torch.bfloat16), (want - b.float()).bfloat16())
 
 
 def test_launcher_errors(mv) -> None:

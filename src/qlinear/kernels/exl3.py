@@ -111,18 +111,6 @@ class Exl3QuantLinear(QuantLinear):
         self._rt_suh, self._rt_svh = suh.float().contiguous(), svh.float().contiguous()
         super().prepare()
 
-    def _input_transform(self, x: torch.Tensor, device_type: str | None = None) -> tuple[torch.Tensor, int]:
-        self.check_input(x, device_type)
-        self.ensure_prepared()
-        x2 = x.reshape(-1, self.in_features)
-        return exl3.had_last(x2.float() * self._rt_suh, self._rt_had), x2.shape[0]
-
-    def _output_transform(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        y = exl3.had_last(y, self._rt_had) * self._rt_svh
-        if self.bias is not None:
-            y += self.bias.float()
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-
     def extra_repr(self) -> str:
         p = self.params
         signs = ", su/sv sign bitfields" if p.packed_signs else ""
@@ -136,6 +124,18 @@ class ExllamaV3TorchLinear(Exl3QuantLinear):
 
     backend = _DeclaredTorch.backend
     caps = _DeclaredTorch.caps
+
+    def _input_transform(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        self.check_input(x)
+        self.ensure_prepared()
+        x2 = x.reshape(-1, self.in_features)
+        return exl3.had_last(x2.float() * self._rt_suh, self._rt_had), x2.shape[0]
+
+    def _output_transform(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        y = exl3.had_last(y, self._rt_had) * self._rt_svh
+        if self.bias is not None:
+            y += self.bias.float()
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def tile_cols(self) -> int:
         return max(exl3.HAD, TILE_ELEMENTS // self.in_features // exl3.HAD * exl3.HAD)
@@ -168,14 +168,20 @@ class ExllamaV3Linear(Exl3QuantLinear):
     @classmethod
     def describe_runs(cls, problem: Problem, target: Target) -> str:
         return ("M <= 32: fused trellis-decode GEMM (Triton, split-K); above: float16 weight decoded per call, "
-                "then cuBLAS; input/output Hadamard transforms in Torch")
+                "then cuBLAS; input/output Hadamard transforms as two small Triton kernels")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from .triton import exl3_mv
 
-        xh, _ = self._input_transform(x, "cuda")
-        y = exl3_mv.inner_product(xh.half().contiguous(), self.trellis, self.params.bits, self.params.codebook)
-        return self._output_transform(y, x)
+        self.check_input(x, "cuda")
+        self.ensure_prepared()
+        x2 = x.reshape(-1, self.in_features)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        xh = exl3_mv.input_transform(x2, self._rt_suh, self._rt_had)
+        y = exl3_mv.inner_product(xh, self.trellis, self.params.bits, self.params.codebook)
+        y = exl3_mv.output_transform(y, self._rt_svh, self.bias, self._rt_had, x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
 
 KERNELS = (ExllamaV3Linear, ExllamaV3TorchLinear)
