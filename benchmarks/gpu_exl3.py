@@ -11,8 +11,9 @@ expected) and both against ``x @ W`` in float64.
 
 Timing (``gpu_linear.timed``/``copies``): CUDA graphs over enough weight copies to exceed 4x L2, median per call.
 Shapes are ``K x N`` (``y [M, N] = x [M, K] @ W``), activations bfloat16, codebook 3inst. ``layer`` is the whole
-forward (input scale + Hadamard, decode product, output Hadamard + scale, casts); ``kernel`` the Triton product
-alone. Ratios are time / bf16 time (< 1: faster). ``$OUT``, when set, receives the report as ``gpu_exl3.md``.
+forward (three Triton launches: input scale + Hadamard, decode product, output Hadamard + scale + bias; plus the
+split-K zero fill); ``kernel`` the decode product alone (with a float16 cast of x). Ratios are time / bf16 time
+(< 1: faster). ``$OUT``, when set, receives the report as ``gpu_exl3.md``.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def checks(args: argparse.Namespace) -> None:
             say(f"| {k}x{n} | {bits} | {cb} | {str(dtype)[6:]} | {m} | {rel:.2e} | "
                 f"{float((got - ref).norm() / ref.norm()):.2e} | {float((want - ref).norm() / ref.norm()):.2e} |")
     say()
-    say(f"worst relative difference Triton vs Torch: {worst:.2e} ({'ok' if worst < 5e-3 else 'TOO LARGE'})")
+    # bfloat16 outputs: one-ulp flips (2^-8 relative) between two correctly rounded results give about 4e-3 alone
+    say(f"worst relative difference Triton vs Torch: {worst:.2e} ({'ok' if worst < 1e-2 else 'TOO LARGE'})")
     say()
 
 

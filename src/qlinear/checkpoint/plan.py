@@ -23,7 +23,7 @@ from ..ct_config import CompressedTensorsConfig
 from ..enums import FORMAT, METHOD
 from ..layouts import awq, gptq
 from ..spec import ConfigError, QuantizeConfig, fp8_format
-from . import plan_bnb, plan_ct, plan_fp8, plan_gptq, plan_marlin, plan_qqq
+from . import plan_bnb, plan_ct, plan_fp8, plan_gptq, plan_marlin, plan_mlx, plan_qqq
 from .module_plan import ModulePlan
 from .safetensors_io import CheckpointError, TensorInfo, read_header
 
@@ -134,12 +134,11 @@ def read_quant_config(root: Path) -> tuple[dict[str, Any], str, dict[str, Any] |
     model_config = _read_json(root / "config.json") if (root / "config.json").is_file() else None
     if model_config is not None and not isinstance(model_config, dict):
         raise CheckpointError(f"{root / 'config.json'}: expected a JSON object")
-    from .plan_mlx import SOURCE, is_mlx_quantization  # mlx-lm: "quantization" (+ a copy as quantization_config)
-
-    if model_config is not None and is_mlx_quantization(model_config.get("quantization")) \
+    # mlx-lm writes "quantization" (newer versions a copy as quantization_config too) and no quant_method
+    if model_config is not None and plan_mlx.is_mlx_quantization(model_config.get("quantization")) \
             and not any((root / name).is_file() for name in CONFIG_FILES):
         base = {k: v for k, v in model_config.items() if k not in ("quantization", "quantization_config")}
-        return dict(model_config["quantization"]), SOURCE, base
+        return dict(model_config["quantization"]), plan_mlx.SOURCE, base
     raw, source = None, ""
     for name in CONFIG_FILES:
         if (root / name).is_file():
@@ -201,7 +200,7 @@ def plan_checkpoint(path: str | Path) -> CheckpointPlan:
     raw, source, model_config = read_quant_config(root)
     where = f"{root}/{source}"
     marlin = plan_marlin.is_marlin_config(raw)  # vLLM's quant_method 'marlin' is no method qlinear knows
-    method = None if marlin else METHOD.MLX if source == "config.json quantization" else config_method(raw, where)
+    method = None if marlin else METHOD.MLX if source == plan_mlx.SOURCE else config_method(raw, where)
     groups: dict[str, dict[str, TensorInfo]] = {}
     for full, info in tensors.items():
         mod, _, leaf = full.rpartition(".")

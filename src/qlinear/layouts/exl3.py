@@ -143,16 +143,25 @@ def stream_index() -> torch.Tensor:
     return out.view(TILE, TILE)
 
 
-def tile_states(trellis: torch.Tensor, bits: int) -> torch.Tensor:
-    """int64 ``[..., 256]`` states (stream order) of int16 tiles ``[..., 16*bits]`` (module docstring)."""
-    words = trellis.to(torch.int64) & 0xFFFF
+def _state_words(bits: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For stream positions ``positions``: the tile word indices holding each state's two 16-bit halves (pairs
+    swapped) and the right shift that aligns the state in their 32-bit concatenation."""
     nw = TILE * bits
-    total = nw * 16
-    start = (torch.arange(256, device=trellis.device) * bits + bits - 16) % total  # first bit of each state
+    start = (positions * bits + bits - 16) % (nw * 16)  # first bit of each state in the cyclic stream
     w = start // 16
-    idx0, idx1 = w ^ 1, ((w + 1) % nw) ^ 1
-    window = (words[..., idx0] << 16) | words[..., idx1]
-    return (window >> (16 - start % 16)) & 0xFFFF
+    return w ^ 1, ((w + 1) % nw) ^ 1, 16 - start % 16
+
+
+def _states(trellis: torch.Tensor, bits: int, positions: torch.Tensor) -> torch.Tensor:
+    idx0, idx1, shift = (v.to(trellis.device) for v in _state_words(bits, positions))
+    words = trellis.to(torch.int32) & 0xFFFF
+    # int32 is enough: the arithmetic shift by at most 16 leaves the low 16 bits as a logical shift would
+    return (((words[..., idx0] << 16) | words[..., idx1]) >> shift.to(torch.int32)) & 0xFFFF
+
+
+def tile_states(trellis: torch.Tensor, bits: int) -> torch.Tensor:
+    """int32 ``[..., 256]`` states (stream order) of int16 tiles ``[..., 16*bits]`` (module docstring)."""
+    return _states(trellis, bits, torch.arange(256))
 
 
 def inner_weight(trellis: torch.Tensor, bits: int, table: torch.Tensor, t0: int = 0,
@@ -160,9 +169,7 @@ def inner_weight(trellis: torch.Tensor, bits: int, table: torch.Tensor, t0: int 
     """The float16 inner weight ``[K, 16 (t1 - t0)]`` of output tiles ``t0:t1`` (before the Hadamard transforms)."""
     part = trellis[:, t0:t1]
     kt, nt = part.shape[:2]
-    states = tile_states(part, bits)  # [kt, nt, 256], stream order
-    order = stream_index().to(trellis.device).view(-1)
-    vals = table[states[..., order]]  # [kt, nt, 256] row-major tile
+    vals = table[_states(part, bits, stream_index().view(-1))]  # [kt, nt, 256]: row-major tiles
     return vals.view(kt, nt, TILE, TILE).permute(0, 2, 1, 3).reshape(kt * TILE, nt * TILE)
 
 
