@@ -12,7 +12,7 @@ import torch
 from qlinear.affine import AffineWeight, quantize_rtn
 from qlinear.build import create_layer
 from qlinear.caps import Problem
-from qlinear.enums import FORMAT
+from qlinear.enums import DEVICE, FORMAT
 from qlinear.kernels.base import QuantLinear
 from qlinear.select import select
 from qlinear.spec import Scheme, method_of
@@ -28,12 +28,19 @@ BF16_COMPUTE = frozenset({"TorchAtenLinear", "TorchAtenAwqLinear", "TorchFusedLi
                           "TorchCpuAvx512Linear", "TorchCpuAvx512AwqLinear", "TorchInt8Linear"})
 
 
+def selectable_here(c: Combo, device: str) -> bool:
+    """False only where a CUDA kernel is run on CPU tensors under the Triton interpreter (no selector then)."""
+    return DEVICE(device) in c.kernel.caps.devices
+
+
 def explicit(c: Combo, scheme: Scheme, device: str) -> QuantLinear:
     """The kernel the selector gives for ``c``'s backend on ``device``, constructed empty (what every public
-    ``create_*`` does before loading); it must be the kernel under test."""
-    choice = select(Problem(scheme, c.dtype), Target.here(device), c.kernel.backend)
-    assert choice.kernel is c.kernel, f"backend {c.kernel.backend.value} selected {choice.kernel.__name__}"
-    return choice.kernel(scheme, bias=False, dtype=c.dtype)
+    ``create_*`` does before loading); it must be the kernel under test. Under the Triton interpreter (a CUDA
+    kernel on CPU tensors) the class is constructed directly."""
+    if selectable_here(c, device):
+        choice = select(Problem(scheme, c.dtype), Target.here(device), c.kernel.backend)
+        assert choice.kernel is c.kernel, f"backend {c.kernel.backend.value} selected {choice.kernel.__name__}"
+    return c.kernel(scheme, bias=False, dtype=c.dtype)
 
 
 def ready(layer: QuantLinear, device: str) -> QuantLinear:
@@ -59,9 +66,14 @@ class AffineBuilder(Builder):
 
     def build(self, c: Combo, scheme: Scheme, device: str, seed: int) -> Built:
         q = self.quantized(c, scheme, seed)
-        layer = create_layer(q, format=c.format, backend=c.kernel.backend, device=device, dtype=c.dtype,
-                             pack_dtype=c.pack_dtype)
-        assert type(layer) is c.kernel, f"create_layer gave {type(layer).__name__}"
+        if selectable_here(c, device):
+            layer = create_layer(q, format=c.format, backend=c.kernel.backend, device=device, dtype=c.dtype,
+                                 pack_dtype=c.pack_dtype)
+            assert type(layer) is c.kernel, f"create_layer gave {type(layer).__name__}"
+        else:
+            layer = explicit(c, scheme, device)
+            layer.load_affine(q)
+            layer = ready(layer, device)
         w64 = self.reference_weight(layer, q)
         if c.kernel.__name__ == "W4AFP8Linear":  # its defined arithmetic: per-token E4M3 activations
             return Built(layer, w64, reference=lambda x: per_token_e4m3(as_f64(x)) @ w64.T)

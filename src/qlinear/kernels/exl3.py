@@ -3,8 +3,8 @@
 Both keep the checkpoint tensors as stored (``trellis``, ``suh``/``svh`` or ``su``/``sv``, the codebook marker,
 ``bias``; ``layouts/exl3.py``) and decode per forward; no dense weight outlives a call. The inner weight is
 exllamav3's: float16 codebook values exactly as its CUDA decode rounds them. GPTQModel 7.7.0's Torch EXL3 path
-keeps the unrounded float32 sum instead (about half of all 3inst/mcg values and 95 % of mul1 values differ from
-the float16 decode by under one float16 half-ulp), so it differs from exllamav3's own numbers by that much.
+keeps the unrounded float32 result instead (40-50 % of 3inst/mcg values and 95 % of mul1 values differ from the
+float16 decode, each by under half a float16 ulp), so it differs from exllamav3's own numbers by that much.
 
 Forward: ``xh = H(x * suh)`` (128-point Hadamard per block, float32), ``y = H(xh @ inner) * svh + bias``.
 """
@@ -37,7 +37,7 @@ def params_of(scheme: Scheme) -> Exl3Params:
 
 
 class Exl3QuantLinear(QuantLinear):
-    """The EXL3 checkpoint buffers, their validation and the transforms both kernels share."""
+    """The EXL3 checkpoint buffers, their validation and the runtime scale vectors both kernels use."""
 
     raw_packing = False  # EXL3 weights come from exllamav3's quantizer through a checkpoint, not affine codes
     #: Whether forward looks codebook values up in Torch (the Triton kernel computes them in registers).

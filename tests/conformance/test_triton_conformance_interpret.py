@@ -1,0 +1,53 @@
+"""The CUDA path of benchmarks/conformance_report.py for the Triton kernels, on CPU tensors in Triton's interpreter.
+
+TRITON_INTERPRET=1 is set here, at collection, before anything imports a kernel body (``triton.jit`` decides
+interpreted-or-compiled when a body is defined). The same enumeration, builders and oracles as the CUDA report run
+a tiny covering sample per kernel; the selector's answer is taken for a fake H200 with Triton installed (the kernels
+declare CUDA only), and each layer is constructed directly and run on CPU tensors. Tolerances are the report's,
+except bfloat16 where the interpreter rounds float32 -> bfloat16 by truncation (twice the GPU's error:
+tests/test_triton_interpret.py): 3e-2.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+from tests.conformance import builders
+from tests.conformance.run import Tally, tally
+from tests.triton_interp import interpreted
+
+INSTALL = "pip install --no-deps -r requirements/nodeps-triton.txt"
+#: Combinations per kernel: the interpreter runs a Triton program in numpy, seconds per call.
+CAP = 3
+#: The Triton kernels whose bodies run in the interpreter (Gluon and inline-PTX variants do not; the layers pick
+#: plain-Triton variants when interpreting).
+KERNELS = ("TritonV2Linear", "AwqGEMMTritonLinear")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def interpreter():
+    """Skip without triton; run bodies interpreted; float32 dots for bfloat16 operands."""
+    pytest.importorskip("triton", reason=f"triton is not installed: {INSTALL}")
+    from qlinear.kernels.triton import qmm
+
+    with interpreted(qmm.qmm_kernel):
+        yield
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", KERNELS)
+def test_triton_kernel_conformance_interpreted(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from qlinear.kernels.registry import kernel_by_name
+    from qlinear.target import Target
+
+    monkeypatch.setitem(builders.TOL, torch.bfloat16, 3e-2)
+    kernel = kernel_by_name(name)
+    t: Tally = tally(kernel, "cpu", CAP, target=Target.fake_cuda((9, 0), modules={"triton": True}))
+    print(t.line())
+    assert t.valid and t.sampled == CAP and t.refused_count == 0, t.refused
+    assert t.executed == t.passed == CAP, t.failures
