@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..spec import Scheme
-from .safetensors_io import TensorInfo
+from .safetensors_io import CheckpointError, TensorInfo
 
 
 @dataclass(frozen=True)
@@ -54,3 +54,14 @@ def bias_errors(name: str, leaves: Mapping[str, TensorInfo], out_features: int) 
     if bias is not None and (bias.shape != (out_features,) or bias.dtype is None or not bias.dtype.is_floating_point):
         return [f"{name}.bias: found {bias.describe()}, expected a floating tensor of shape [{out_features}]"]
     return []
+
+
+def checked_plan(name: str, leaves: Mapping[str, TensorInfo], scheme: Scheme,
+                 expected: Mapping[str, tuple[tuple[int, ...], tuple[torch.dtype, ...]]], what: str,
+                 optional: Iterable[str] = ("bias",)) -> ModulePlan:
+    """The module's plan, or one ``CheckpointError`` listing every missing, unexpected or misshapen tensor (the
+    ``leaf_errors`` and ``bias_errors`` checks every planner runs)."""
+    problems = leaf_errors(name, leaves, expected, what, optional) + bias_errors(name, leaves, scheme.out_features)
+    if problems:
+        raise CheckpointError("\n".join(problems))
+    return ModulePlan(name, scheme, dict(leaves))

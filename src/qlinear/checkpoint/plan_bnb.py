@@ -17,7 +17,7 @@ from typing import Any
 
 from ..layouts import bnb, bnb_state
 from ..spec import ConfigError, QuantizeConfig, Scheme
-from .module_plan import ModulePlan, bias_errors, leaf_errors
+from .module_plan import ModulePlan, checked_plan
 from .safetensors_io import CheckpointError, TensorInfo, read_tensor
 
 BLOB = re.compile(r"^(?P<module>.+)\.weight\.quant_state\.bitsandbytes__(?P<type>\w+)$")
@@ -101,10 +101,7 @@ def plan_module(name: str, leaves: Mapping[str, TensorInfo], config: QuantizeCon
         scheme = bnb.bnb_scheme(info.shape[0], info.shape[1], quant_type, info.blocksize, info.nested)
         what, optional = f"bitsandbytes 4-bit {info.describe()}, from {source}", ("bias",)
         expected = bnb.checkpoint_shapes(scheme, info, leaves[blob_leaf].shape[0])
-    errors = leaf_errors(name, leaves, expected, what, optional) + bias_errors(name, leaves, scheme.out_features)
-    if errors:
-        raise CheckpointError("\n".join(errors))
-    return ModulePlan(name, scheme, dict(leaves))
+    return checked_plan(name, leaves, scheme, expected, what, optional)
 
 
 def plan_modules(tensors: Mapping[str, TensorInfo], raw: Mapping[str, Any],

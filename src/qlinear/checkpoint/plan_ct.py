@@ -17,7 +17,7 @@ from ..ct_config import CompressedTensorsConfig
 from ..enums import FORMAT
 from ..layouts import ct_int, float_layouts
 from ..spec import ConfigError, Scheme
-from .module_plan import ModulePlan, bias_errors, leaf_errors
+from .module_plan import ModulePlan, checked_plan
 from .safetensors_io import CheckpointError, TensorInfo, read_tensor
 
 #: Leaf names that mark a module as compressed-tensors quantized.
@@ -81,10 +81,7 @@ def plan_module(name: str, leaves: Mapping[str, TensorInfo], cfg: CompressedTens
     what = (f"config group {group.name!r}: {fmt.value} {scheme.bits}-bit "
             f"{scheme.element.value if scheme.element else 'int'} block {scheme.scale_block}"
             f"{'' if act is None else ', activations ' + act.describe()}, in {source}")
-    errors = leaf_errors(name, leaves, expected, what) + bias_errors(name, leaves, n)
-    if errors:
-        raise CheckpointError("\n".join(errors))
-    return ModulePlan(name, scheme, dict(leaves))
+    return checked_plan(name, leaves, scheme, expected, what)
 
 
 def plan_modules(groups: Mapping[str, Mapping[str, TensorInfo]], cfg: CompressedTensorsConfig,

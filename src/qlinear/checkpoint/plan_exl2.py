@@ -18,7 +18,7 @@ from typing import Any
 from ..enums import FORMAT, METHOD
 from ..layouts import exl2
 from ..spec import ConfigError, QuantizeConfig, Scheme
-from .module_plan import ModulePlan, bias_errors, leaf_errors
+from .module_plan import ModulePlan, checked_plan
 from .safetensors_io import CheckpointError, TensorInfo, read_tensor
 
 MARKERS = frozenset({"q_weight", "q_groups"})
@@ -59,10 +59,7 @@ def plan_module(name: str, leaves: Mapping[str, TensorInfo], where: str) -> Modu
     what = f"exl2 {widths}-bit groups, in_features {k} out_features {n}, from {where}"
     spec = {leaf: (shape, exl2.INDEX_DTYPES if leaf in ("q_invperm", "q_perm") else (dtype,))
             for leaf, (shape, dtype) in expected.items()}
-    problems = leaf_errors(name, leaves, spec, what) + bias_errors(name, leaves, n)
-    if problems:
-        raise CheckpointError("\n".join(problems))
-    return ModulePlan(name, scheme, dict(leaves))
+    return checked_plan(name, leaves, scheme, spec, what)
 
 
 def plan_modules(groups: Mapping[str, Mapping[str, TensorInfo]], raw: Mapping[str, Any], where: str

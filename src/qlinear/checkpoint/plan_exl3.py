@@ -20,7 +20,7 @@ from ..enums import FORMAT, METHOD
 from ..layouts import exl3
 from ..layouts.exl3 import Exl3Params
 from ..spec import ConfigError, QuantizeConfig
-from .module_plan import ModulePlan, bias_errors, leaf_errors
+from .module_plan import ModulePlan, checked_plan
 from .safetensors_io import CheckpointError, TensorInfo
 
 
@@ -75,10 +75,7 @@ def plan_module(name: str, leaves: Mapping[str, TensorInfo], config: QuantizeCon
         raise CheckpointError(f"{name}: in_features {k}, out_features {n} (from trellis), {source}: {err}") from None
     what = f"exl3 {params.bits}-bit {params.codebook} in_features {k} out_features {n}, from {source}"
     expected = {leaf: (shape, (dtype,)) for leaf, (shape, dtype) in exl3.checkpoint_shapes(params, k, n).items()}
-    problems = leaf_errors(name, leaves, expected, what) + bias_errors(name, leaves, n)
-    if problems:
-        raise CheckpointError("\n".join(problems))
-    return ModulePlan(name, scheme, dict(leaves))
+    return checked_plan(name, leaves, scheme, expected, what)
 
 
 def plan_modules(groups: Mapping[str, Mapping[str, TensorInfo]], raw: Mapping[str, Any], where: str

@@ -18,7 +18,7 @@ from typing import Any
 from ..enums import FORMAT, METHOD
 from ..layouts import awq, paroquant
 from ..spec import ConfigError, QuantizeConfig
-from .module_plan import ModulePlan, bias_errors, leaf_errors
+from .module_plan import ModulePlan, checked_plan
 from .plan_gptq import plan_marked
 from .safetensors_io import CheckpointError, TensorInfo
 
@@ -73,10 +73,7 @@ def plan_module(name: str, leaves: Mapping[str, TensorInfo], config: QuantizeCon
     gs = "per-channel" if scheme.channelwise else f"group_size {scheme.group_size}"
     what = f"paroquant 4-bit {gs} krot {krot} in_features {k} out_features {n}, from {source}"
     spec = {leaf: (shape, ALLOWED.get(leaf, (dtype,))) for leaf, (shape, dtype) in expected.items()}
-    problems = leaf_errors(name, leaves, spec, what) + bias_errors(name, leaves, n)
-    if problems:
-        raise CheckpointError("\n".join(problems))
-    return ModulePlan(name, scheme, dict(leaves))
+    return checked_plan(name, leaves, scheme, spec, what)
 
 
 def plan_modules(groups: Mapping[str, Mapping[str, TensorInfo]], raw: Mapping[str, Any], where: str

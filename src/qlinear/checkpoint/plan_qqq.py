@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from ..enums import METHOD
 from ..layouts import qqq
 from ..spec import ConfigError, QuantizeConfig
-from .module_plan import ModulePlan, bias_errors, leaf_errors
+from .module_plan import ModulePlan, checked_plan
 from .plan_gptq import plan_marked
 from .safetensors_io import CheckpointError, TensorInfo
 
@@ -56,10 +56,7 @@ def plan_module(name: str, leaves: Mapping[str, TensorInfo], config: QuantizeCon
     what = f"qqq 4-bit {gs} in_features {k} out_features {n}, from {source}"
     if scheme.channelwise and "s_group" not in leaves:
         expected = {leaf: v for leaf, v in expected.items() if leaf != "s_group"}
-    problems = leaf_errors(name, leaves, expected, what) + bias_errors(name, leaves, n)
-    if problems:
-        raise CheckpointError("\n".join(problems))
-    return ModulePlan(name, scheme, dict(leaves))
+    return checked_plan(name, leaves, scheme, expected, what)
 
 
 def plan_modules(groups: Mapping[str, Mapping[str, TensorInfo]], config: QuantizeConfig,

@@ -19,9 +19,9 @@ from ..layouts import exl3
 from ..layouts.exl3 import Exl3LayoutError, Exl3Params
 from ..spec import Scheme
 from ..target import Target
-from .base import QuantLinear
 from .planned.exllama_bitblas import ExllamaV3Linear as _DeclaredNative
 from .planned.exllama_bitblas import ExllamaV3TorchLinear as _DeclaredTorch
+from .stored_base import StoredTensorsLinear
 
 #: Output columns decoded per step of the Torch kernel (a multiple of the 128-wide Hadamard block), for a
 #: transient tile of about 2^20 float32 values.
@@ -36,17 +36,13 @@ def params_of(scheme: Scheme) -> Exl3Params:
     return p
 
 
-class Exl3QuantLinear(QuantLinear):
+class Exl3QuantLinear(StoredTensorsLinear):
     """The EXL3 checkpoint buffers, their validation and the runtime scale vectors both kernels use."""
 
-    raw_packing = False  # EXL3 weights come from exllamav3's quantizer through a checkpoint, not affine codes
+    RUNTIME = RUNTIME
+    FORM = "EXL3 weights are trellis codes"
     #: Whether forward looks codebook values up in Torch (the Triton kernel computes them in registers).
     uses_table = True
-
-    def __init__(self, scheme: Scheme, bias: bool = False, dtype: torch.dtype = torch.float16) -> None:
-        super().__init__(scheme, bias=bias, dtype=dtype)
-        for name in RUNTIME:
-            self.register_buffer(name, None, persistent=False)
 
     @classmethod
     def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
@@ -75,25 +71,10 @@ class Exl3QuantLinear(QuantLinear):
         return {name: getattr(self, name) for name in exl3.checkpoint_shapes(self.params, self.in_features,
                                                                               self.out_features)}
 
-    def checkpoint_tensors(self) -> list[torch.Tensor | None]:
-        return [*self.tensors().values(), self.bias]
-
-    def load_exl3(self, tensors: dict[str, torch.Tensor], bias: torch.Tensor | None = None) -> None:
-        """Fill the buffers from checkpoint-named tensors (validated first)."""
+    def validate_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         exl3.check_tensors(tensors, self.params, self.in_features, self.out_features)
-        with torch.no_grad():
-            for name, t in self.tensors().items():
-                t.copy_(tensors[name])
-            if bias is not None:
-                if self.bias is None:
-                    raise ValueError("bias given but the layer was built without one (bias=False)")
-                if tuple(bias.shape) != (self.out_features,):
-                    raise ValueError(f"bias: expected shape [{self.out_features}], got {list(bias.shape)}")
-                self.bias.copy_(bias)
-        self._runtime_key = None
 
-    def affine(self) -> object:
-        raise ValueError("EXL3 weights are trellis codes, not integer-affine codes: no AffineWeight form")
+    load_exl3 = StoredTensorsLinear.load_tensors
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The dense weight ``[N, K]`` (a fresh tensor; ``layouts.exl3.dense_weight``)."""

@@ -17,11 +17,10 @@ from torch.nn import functional as F
 
 from ..caps import Problem, archs_from
 from ..layouts import vptq
-from ..spec import Scheme
 from ..target import Target
-from .base import QuantLinear
 from .planned.other import VPTQCudaLinear as _DeclaredCuda
 from .planned.other import VPTQLinear as _DeclaredTorch
+from .stored_base import StoredTensorsLinear
 
 #: Largest decoded row tile (values) of the Torch kernel.
 TILE_ELEMENTS = 1 << 20
@@ -38,15 +37,11 @@ class _Table(nn.Module):
         self.register_buffer("weight", torch.zeros(rows, cols, dtype=dtype))
 
 
-class VPTQQuantLinear(QuantLinear):
+class VPTQQuantLinear(StoredTensorsLinear):
     """The VPTQ checkpoint buffers, their validation and the exact row decode both kernels share."""
 
-    raw_packing = False  # VPTQ weights come from a checkpoint (or load_vptq), not from affine codes
-
-    def __init__(self, scheme: Scheme, bias: bool = False, dtype: torch.dtype = torch.float16) -> None:
-        super().__init__(scheme, bias=bias, dtype=dtype)
-        for name in RUNTIME:
-            self.register_buffer(name, None, persistent=False)
+    RUNTIME = RUNTIME
+    FORM = "VPTQ weights are codebook vectors"
 
     @classmethod
     def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
@@ -75,25 +70,10 @@ class VPTQQuantLinear(QuantLinear):
         out.update({n: getattr(self, n) for n in AUX if isinstance(getattr(self, n, None), torch.Tensor)})
         return out
 
-    def checkpoint_tensors(self) -> list[torch.Tensor | None]:
-        return [*self.tensors().values(), self.bias]
-
-    def load_vptq(self, tensors: dict[str, torch.Tensor], bias: torch.Tensor | None = None) -> None:
-        """Fill the buffers from checkpoint-named tensors (validated first)."""
+    def validate_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         vptq.validate(tensors, self.scheme)
-        with torch.no_grad():
-            for name, t in self.tensors().items():
-                t.copy_(tensors[name])
-            if bias is not None:
-                if self.bias is None:
-                    raise ValueError("bias given but the layer was built without one (bias=False)")
-                if tuple(bias.shape) != (self.out_features,):
-                    raise ValueError(f"bias: expected shape [{self.out_features}], got {list(bias.shape)}")
-                self.bias.copy_(bias)
-        self._runtime_key = None
 
-    def affine(self) -> object:
-        raise ValueError("VPTQ weights are codebook vectors, not integer-affine codes: no AffineWeight form")
+    load_vptq = StoredTensorsLinear.load_tensors
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The dense weight ``[N, K]``, in the codebook dtype unless ``dtype`` is given."""
