@@ -17,9 +17,7 @@ decoding the whole weight in column tiles on every call (there is no fused kerne
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,17 +26,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_report import parse as parse_args
+from gpu_report import parser, run, say
+
 SHAPES = ((4096, 14336), (14336, 4096))
 MS = (1, 16, 64, 256)
 DEV = torch.device("cuda")
-LINES: list[str] = []
-
-
-def say(line: str = "") -> None:
-    print(line, flush=True)
-    LINES.append(line)
-
-
 def exl2_params(k: int):
     """3.9 bits per weight: rows 1/32 8-bit, 1/32 6-bit, 1/16 5-bit, 1/2 4-bit, the rest 3-bit; 32-row groups."""
     from qlinear.layouts.exl2 import Exl2Params
@@ -158,37 +151,19 @@ def _clone(layer):
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
-    p.add_argument("--ms", default=",".join(map(str, MS)))
-    p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--no-check", action="store_true")
-    p.add_argument("--out", default=None, help="also write the report to this file")
-    args = p.parse_args(argv)
-    args.shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    args.ms = [int(v) for v in args.ms.split(",")]
-    return args
+    p = parser(__doc__, SHAPES, MS, reps=20)
+    return parse_args(p, argv)
 
 
 def main(argv: list[str] | None = None) -> str:
     args = parse(argv)
-    t0 = time.time()
-    props = torch.cuda.get_device_properties(DEV)
-    import triton
 
-    say(f"# ExLlamaV2 / EXL2 on {props.name} (torch {torch.__version__}, triton {triton.__version__})")
-    say()
-    say(f"command: python benchmarks/gpu_exl2.py {' '.join(argv if argv is not None else sys.argv[1:])}")
-    say()
-    if not args.no_check:
-        checks(args)
-    timing(args)
-    say(f"<!-- {time.time() - t0:.0f} s -->")
-    text = "\n".join(LINES) + "\n"
-    for dest in (args.out, os.path.join(os.environ["OUT"], "gpu_exl2.md") if os.environ.get("OUT") else None):
-        if dest:
-            Path(dest).write_text(text)
-    return text
+    def body() -> None:
+        if not args.no_check:
+            checks(args)
+        timing(args)
+
+    return run("gpu_exl2", "ExLlamaV2 / EXL2", argv, args.out, body)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,7 @@ split-K zero fill); ``kernel`` the decode product alone (with a float16 cast of 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -30,18 +28,13 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_report import parse as parse_args
+from gpu_report import parser, run, say
+
 SHAPES = ((4096, 14336), (14336, 4096))
 MS = (1, 4, 16, 64, 256)
 BITS = (2, 3, 4)
 DEV = torch.device("cuda")
-LINES: list[str] = []
-
-
-def say(line: str = "") -> None:
-    print(line, flush=True)
-    LINES.append(line)
-
-
 def random_tensors(k: int, n: int, bits: int, cb: str, gen: torch.Generator, device: torch.device | str = "cpu"
                    ) -> dict[str, torch.Tensor]:
     from qlinear.layouts import exl3
@@ -140,39 +133,20 @@ def timing(args: argparse.Namespace) -> None:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
-    p.add_argument("--ms", default=",".join(map(str, MS)))
+    p = parser(__doc__, SHAPES, MS, reps=30)
     p.add_argument("--bits", default=",".join(map(str, BITS)))
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--no-check", action="store_true")
-    p.add_argument("--out", default=None, help="also write the report to this file")
-    args = p.parse_args(argv)
-    args.shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    args.ms = [int(v) for v in args.ms.split(",")]
-    args.bits = [int(v) for v in args.bits.split(",")]
-    return args
+    return parse_args(p, argv, "bits")
 
 
 def main(argv: list[str] | None = None) -> str:
     args = parse(argv)
-    t0 = time.time()
-    props = torch.cuda.get_device_properties(DEV)
-    import triton
 
-    say(f"# EXL3 on {props.name} (torch {torch.__version__}, triton {triton.__version__})")
-    say()
-    say(f"command: python benchmarks/gpu_exl3.py {' '.join(argv if argv is not None else sys.argv[1:])}")
-    say()
-    if not args.no_check:
-        checks(args)
-    timing(args)
-    say(f"<!-- {time.time() - t0:.0f} s -->")
-    text = "\n".join(LINES) + "\n"
-    for dest in (args.out, os.path.join(os.environ["OUT"], "gpu_exl3.md") if os.environ.get("OUT") else None):
-        if dest:
-            Path(dest).write_text(text)
-    return text
+    def body() -> None:
+        if not args.no_check:
+            checks(args)
+        timing(args)
+
+    return run("gpu_exl3", "EXL3", argv, args.out, body)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -32,17 +30,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_report import parse as parse_args
+from gpu_report import parser, run, say
+
 SHAPES = ((4096, 14336), (14336, 4096))
 MS = (1, 16, 64, 256)
 DEV = torch.device("cuda")
-LINES: list[str] = []
-
-
-def say(line: str = "") -> None:
-    print(line, flush=True)
-    LINES.append(line)
-
-
 def random_state(k: int, n: int, gs: int, krot: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
     return {
         "qweight": torch.randint(-2**31, 2**31 - 1, (k, n // 8), dtype=torch.int32, generator=gen),
@@ -141,35 +134,21 @@ def timing(args: argparse.Namespace) -> None:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
-    p.add_argument("--ms", default=",".join(map(str, MS)))
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--no-check", action="store_true")
-    p.add_argument("--out", default=None, help="also write the report to this file")
-    args = p.parse_args(argv)
-    args.shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    args.ms = [int(v) for v in args.ms.split(",")]
-    return args
+    p = parser(__doc__, SHAPES, MS, reps=30)
+    return parse_args(p, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    t0 = time.time()
-    import triton
+    failed: list[int] = []
 
-    say(f"# ParoQuant on {torch.cuda.get_device_name(DEV)} (torch {torch.__version__}, triton {triton.__version__})")
-    say()
-    say(f"command: python benchmarks/gpu_paroquant.py {' '.join(argv if argv is not None else sys.argv[1:])}")
-    say()
-    failed = 0 if args.no_check else checks()
-    timing(args)
-    say(f"{failed} check(s) failed <!-- {time.time() - t0:.0f} s -->")
-    text = "\n".join(LINES) + "\n"
-    for dest in (args.out, os.path.join(os.environ["OUT"], "gpu_paroquant.md") if os.environ.get("OUT") else None):
-        if dest:
-            Path(dest).write_text(text)
-    return 1 if failed else 0
+    def body() -> None:
+        failed.append(0 if args.no_check else checks())
+        timing(args)
+        say(f"{failed[0]} check(s) failed")
+
+    run("gpu_paroquant", "ParoQuant", argv, args.out, body)
+    return 1 if failed[0] else 0
 
 
 if __name__ == "__main__":

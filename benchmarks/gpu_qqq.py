@@ -19,9 +19,7 @@ time bf16 (< 1: faster). ``$OUT`` (a directory), when set, receives the report a
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -30,17 +28,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_report import parse as parse_args
+from gpu_report import parser, run, say
+
 SHAPES = ((4096, 14336), (14336, 4096), (8192, 28672))
 MS = (1, 16, 64, 256, 1024, 4096)
 DEV = torch.device("cuda")
-LINES: list[str] = []
-
-
-def say(line: str = "") -> None:
-    print(line, flush=True)
-    LINES.append(line)
-
-
 def random_qqq(n: int, k: int, gs: int, gen: torch.Generator):
     from qlinear.layouts.qqq import QQQWeight
 
@@ -172,43 +165,24 @@ def sweep(args: argparse.Namespace) -> None:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
-    p.add_argument("--ms", default=",".join(map(str, MS)))
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--no-check", action="store_true")
+    p = parser(__doc__, SHAPES, MS, reps=30)
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--groups", default="128,0", help="sweep: group sizes (0: per-channel)")
-    p.add_argument("--out", default=None, help="also write the report to this file")
-    args = p.parse_args(argv)
-    args.shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    args.ms = [int(v) for v in args.ms.split(",")]
-    args.groups = [int(v) for v in args.groups.split(",")]
-    return args
+    return parse_args(p, argv, "groups")
 
 
 def main(argv: list[str] | None = None) -> str:
     args = parse(argv)
-    t0 = time.time()
-    props = torch.cuda.get_device_properties(DEV)
-    import triton
 
-    say(f"# QQQ W4A8 on {props.name} (torch {torch.__version__}, triton {triton.__version__})")
-    say()
-    say(f"command: python benchmarks/gpu_qqq.py {' '.join(argv if argv is not None else sys.argv[1:])}")
-    say()
-    if args.sweep:
-        sweep(args)
-    else:
-        if not args.no_check:
-            checks(args)
-        timing(args)
-    say(f"<!-- {time.time() - t0:.0f} s -->")
-    text = "\n".join(LINES) + "\n"
-    for dest in (args.out, os.path.join(os.environ["OUT"], "gpu_qqq.md") if os.environ.get("OUT") else None):
-        if dest:
-            Path(dest).write_text(text)
-    return text
+    def body() -> None:
+        if args.sweep:
+            sweep(args)
+        else:
+            if not args.no_check:
+                checks(args)
+            timing(args)
+
+    return run("gpu_qqq", "QQQ W4A8", argv, args.out, body)
 
 
 if __name__ == "__main__":

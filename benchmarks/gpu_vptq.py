@@ -20,9 +20,7 @@ torch than this environment's. ``$OUT`` (a directory), when set, receives the re
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -31,18 +29,13 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_report import parse as parse_args
+from gpu_report import parser, run, say
+
 SHAPES = ((4096, 14336), (14336, 4096))
 MS = (1, 4, 16, 64, 256)
 CONFIGS = {"v8-k65536": (8, 65536, -1), "v8-k65536-256": (8, 65536, 256)}
 DEV = torch.device("cuda")
-LINES: list[str] = []
-
-
-def say(line: str = "") -> None:
-    print(line, flush=True)
-    LINES.append(line)
-
-
 def scheme(k: int, n: int, cfg: str):
     from qlinear.layouts.vptq import VptqParams
     from qlinear.spec import Scheme
@@ -142,16 +135,9 @@ def timing(args: argparse.Namespace) -> None:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
-    p.add_argument("--ms", default=",".join(map(str, MS)))
+    p = parser(__doc__, SHAPES, MS, reps=30)
     p.add_argument("--configs", default=",".join(CONFIGS))
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--no-check", action="store_true")
-    p.add_argument("--out", default=None, help="also write the report to this file")
-    args = p.parse_args(argv)
-    args.shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    args.ms = [int(v) for v in args.ms.split(",")]
+    args = parse_args(p, argv)
     args.configs = [c for c in args.configs.split(",") if c]
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:
@@ -161,23 +147,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> str:
     args = parse(argv)
-    t0 = time.time()
-    props = torch.cuda.get_device_properties(DEV)
-    import triton
 
-    say(f"# VPTQ on {props.name} (torch {torch.__version__}, triton {triton.__version__})")
-    say()
-    say(f"command: python benchmarks/gpu_vptq.py {' '.join(argv if argv is not None else sys.argv[1:])}")
-    say()
-    if not args.no_check:
-        checks(args)
-    timing(args)
-    say(f"<!-- {time.time() - t0:.0f} s -->")
-    text = "\n".join(LINES) + "\n"
-    for dest in (args.out, os.path.join(os.environ["OUT"], "gpu_vptq.md") if os.environ.get("OUT") else None):
-        if dest:
-            Path(dest).write_text(text)
-    return text
+    def body() -> None:
+        if not args.no_check:
+            checks(args)
+        timing(args)
+
+    return run("gpu_vptq", "VPTQ", argv, args.out, body)
 
 
 if __name__ == "__main__":
