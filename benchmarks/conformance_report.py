@@ -34,6 +34,8 @@ def machine(device: str) -> str:
 
 
 def table(tallies: list, device: str, cap: int | None, seconds: float) -> str:
+    from tests.conformance.known import known
+
     lines = [f"## Conformance on {device}", "",
              f"`PYTHONPATH=src python benchmarks/conformance_report.py --device {device}"
              f"{'' if cap is None else f' --cap {cap}'}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
@@ -56,8 +58,10 @@ def table(tallies: list, device: str, cap: int | None, seconds: float) -> str:
         for kernel, label, detail in failures:
             groups.setdefault((kernel, detail[:160]), []).append(label)
         for (kernel, detail), labels in groups.items():
-            shown = ", ".join(f"`{x}`" for x in labels[:4]) + (f" and {len(labels) - 4} more" if len(labels) > 4 else "")
-            lines.append(f"- {kernel} ({len(labels)}): {detail} — {shown}")
+            more = f" and {len(labels) - 4} more" if len(labels) > 4 else ""
+            shown = ", ".join(f"`{x}`" for x in labels[:4]) + more
+            why = known(kernel, labels[0], detail)
+            lines.append(f"- {kernel} ({len(labels)}): {detail} — {shown}" + (f" (known defect: {why})" if why else ""))
     return "\n".join(lines) + "\n"
 
 

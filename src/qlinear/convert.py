@@ -28,7 +28,7 @@ import torch
 from .affine import AffineWeight
 from .blockfloat import FloatWeight
 from .enums import FORMAT, METHOD
-from .layouts import awq, ct_int, float_layouts, gptq, marlin_weight
+from .layouts import awq, bitblas, ct_int, float_layouts, gptq, marlin_weight
 from .spec import FLOAT_FORMATS, ConfigError, Scheme, method_of
 
 
@@ -45,6 +45,8 @@ def decode(tensors: Mapping[str, torch.Tensor], scheme: Scheme) -> AffineWeight 
         return gptq.from_checkpoint(tensors, scheme)
     elif scheme.method is METHOD.GPTQ and scheme.format is FORMAT.MARLIN:
         return marlin_weight.from_checkpoint(tensors, scheme)
+    elif scheme.format is FORMAT.BITBLAS:
+        return bitblas.from_checkpoint(tensors, scheme)
     elif scheme.method is METHOD.AWQ and scheme.format in awq.AWQ_LAYOUT_FORMATS:
         return awq.from_checkpoint(tensors, scheme)
     elif scheme.method is METHOD.COMPRESSED_TENSORS and scheme.format in ct_int.INT_FORMATS:
@@ -63,6 +65,8 @@ def encode(q: AffineWeight | FloatWeight, scheme: Scheme, scale_dtype: torch.dty
         return gptq.to_checkpoint(q, scheme.format, scheme.pack_dtype, scale_dtype or torch.float16)
     elif scheme.method is METHOD.GPTQ and scheme.format is FORMAT.MARLIN:
         return marlin_weight.to_checkpoint(q, scale_dtype or torch.float16)
+    elif scheme.format is FORMAT.BITBLAS:
+        return bitblas.to_checkpoint(q, scheme, scale_dtype or torch.float16)
     elif scheme.method is METHOD.AWQ and scheme.format in awq.AWQ_LAYOUT_FORMATS:
         default = q.scales.dtype if scheme.format is FORMAT.GEMM and q.scales.dtype in awq.SCALE_DTYPES \
             else torch.float16

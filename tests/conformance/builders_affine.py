@@ -60,8 +60,9 @@ class AffineBuilder(Builder):
                       desc_act=c.desc_act, method=method_of(c.format), format=c.format, pack_dtype=c.pack_dtype)
 
     def quantized(self, c: Combo, scheme: Scheme, seed: int) -> AffineWeight:
-        w = torch.randn(scheme.out_features, scheme.in_features, generator=generator(seed)) * 0.02
-        w[:, ::8] = -0.05  # a negative minimum per group keeps asymmetric zeros above 0 (GPTQ v1 cannot hold 0)
+        # uniform on [-0.06, 0.04): every group's minimum is well below 0, so asymmetric true zeros stay at 1 or
+        # more whatever the group (GPTQ v1 stores z - 1 and cannot hold 0), in any act-order permutation
+        w = (torch.rand(scheme.out_features, scheme.in_features, generator=generator(seed)) - 0.6) * 0.1
         return quantize_rtn(w, bits=c.bits, group_size=c.group_size, sym=c.sym, desc_act=c.desc_act)
 
     def build(self, c: Combo, scheme: Scheme, device: str, seed: int) -> Built:

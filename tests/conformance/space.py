@@ -110,10 +110,10 @@ def sample(combos: Sequence[Combo], cap: int, seed: int = 2026) -> list[Combo]:
         vals = [(a, getattr(c, a)) for a in AXES]
         return set(vals) | {(x, y) for x, y in itertools.combinations(vals, 2)}
 
+    pool_keys = [keys(c) for c in pool]
     chosen: list[Combo] = []
     while pool and len(chosen) < cap:
-        best = max(range(len(pool)), key=lambda i: (len(keys(pool[i]) - covered), -i))
-        c = pool.pop(best)
-        covered |= keys(c)
-        chosen.append(c)
+        best = max(range(len(pool)), key=lambda i: (len(pool_keys[i] - covered), -i))
+        covered |= pool_keys.pop(best)
+        chosen.append(pool.pop(best))
     return chosen

@@ -2,38 +2,25 @@
 valid declared combinations is built through the public constructors, run at M = 1 and M = 5 and compared with a
 float64 oracle (``tests/conformance``). A combination the selector refuses here for a machine reason (a missing
 package, a CPU flag) is counted as refused with the reason, never as passed; one that raises or mismatches fails
-the test unless it is a known, reported defect listed in ``KNOWN``. Prints one line per kernel and a total.
+the test unless it is a known, reported defect listed in ``known.KNOWN``. Prints one line per kernel and a total.
 """
 
 from __future__ import annotations
 
-import re
+import contextlib
 
 import pytest
 
 from tests.conformance.builders import registry
+from tests.conformance.known import known
 from tests.conformance.run import Tally, kernels_for, tally
 from tests.conformance.space import declared, implemented_kernels, sample, valid
 
 #: Combinations per kernel: the greedy cover reaches every value of every axis (and most value pairs) within it,
 #: and the whole file stays well under 60 s on a busy two-core machine.
-CAP = 12
+CAP = 16
 KERNELS = kernels_for("cpu")
-#: Declared combinations that fail today, each a defect reported to the kernel's owner:
-#: (kernel class pattern, combination label pattern, message pattern, what is wrong).
-KNOWN = [
-    (r"BitsAndBytes(Torch)?Linear", r"-int(16|32|64)$", r"weight: it is bitsandbytes .*; the layer is",
-     "bitsandbytes kernels declare pack dtypes int16/int32/int64 (the reference's), the selector accepts them, but "
-     "load_bnb refuses every scheme whose pack_dtype is not int8 (and its message names no difference)"),
-]
 TALLIES: list[Tally] = []
-
-
-def known(kernel: str, label: str, detail: str) -> str | None:
-    for k, lab, msg, why in KNOWN:
-        if re.fullmatch(k, kernel) and re.search(lab, label) and re.search(msg, detail):
-            return why
-    return None
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -45,12 +32,9 @@ def summary(request: pytest.FixtureRequest):
     lines.append(f"TOTAL: declared {tot[0]} / valid {tot[1]} / sampled {tot[2]} / executed {tot[3]} / passed "
                  f"{tot[4]} / refused here {sum(t.refused_count for t in TALLIES)} / failed "
                  f"{sum(len(t.failures) for t in TALLIES)}")
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    for line in ["", "conformance (cpu):", *lines]:
-        if reporter is not None:
-            reporter.write_line(line)
-        else:
-            print(line)
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        print("\n" + "\n".join(["conformance (cpu):", *lines]))
 
 
 def test_every_cpu_kernel_is_enumerated_and_has_a_builder() -> None:

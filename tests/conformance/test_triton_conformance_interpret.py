@@ -18,15 +18,18 @@ import pytest
 import torch
 
 from tests.conformance import builders
+from tests.conformance.known import known
 from tests.conformance.run import Tally, tally
 from tests.triton_interp import interpreted
 
 INSTALL = "pip install --no-deps -r requirements/nodeps-triton.txt"
 #: Combinations per kernel: the interpreter runs a Triton program in numpy, seconds per call.
-CAP = 3
-#: The Triton kernels whose bodies run in the interpreter (Gluon and inline-PTX variants do not; the layers pick
-#: plain-Triton variants when interpreting).
-KERNELS = ("TritonV2Linear", "AwqGEMMTritonLinear")
+CAP = 5
+#: The Triton kernels whose layers run on CPU tensors when interpreting (the others refuse CPU tensors in forward:
+#: TritonFP8/FP4Linear, W4AFP8Linear, QQQLinear, VPTQCudaLinear, ExllamaV3Linear; their interpreter tests call
+#: the kernel functions directly).
+KERNELS = ("TritonV2Linear", "AwqGEMMTritonLinear", "GGUFTritonKernel", "BitsAndBytesTritonLinear",
+           "ParoQuantTritonLinear")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -39,7 +42,6 @@ def interpreter():
         yield
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", KERNELS)
 def test_triton_kernel_conformance_interpreted(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from qlinear.kernels.registry import kernel_by_name
@@ -50,4 +52,5 @@ def test_triton_kernel_conformance_interpreted(name: str, monkeypatch: pytest.Mo
     t: Tally = tally(kernel, "cpu", CAP, target=Target.fake_cuda((9, 0), modules={"triton": True}))
     print(t.line())
     assert t.valid and t.sampled == CAP and t.refused_count == 0, t.refused
-    assert t.executed == t.passed == CAP, t.failures
+    unexpected = [(label, detail) for label, detail in t.failures if not known(t.kernel, label, detail)]
+    assert not unexpected and t.executed == CAP, unexpected

@@ -23,13 +23,14 @@ from ..ct_config import CompressedTensorsConfig
 from ..enums import FORMAT, METHOD
 from ..layouts import awq, gptq
 from ..spec import ConfigError, QuantizeConfig, fp8_format
-from . import plan_bnb, plan_ct, plan_fp8, plan_gptq, plan_marlin, plan_mlx, plan_qqq
+from . import plan_bitblas, plan_bnb, plan_ct, plan_fp8, plan_gptq, plan_marlin, plan_mlx, plan_qqq
 from .module_plan import ModulePlan
 from .safetensors_io import CheckpointError, TensorInfo, read_header
 
 #: Formats whose safetensors checkpoints qlinear reads, per method.
 READABLE: Mapping[METHOD, tuple[FORMAT, ...]] = {
-    METHOD.GPTQ: (*gptq.GPTQ_LAYOUT_FORMATS, FORMAT.MARLIN), METHOD.AWQ: awq.AWQ_LAYOUT_FORMATS,
+    METHOD.GPTQ: (*gptq.GPTQ_LAYOUT_FORMATS, FORMAT.MARLIN, FORMAT.BITBLAS),
+    METHOD.AWQ: (*awq.AWQ_LAYOUT_FORMATS, FORMAT.BITBLAS),
     METHOD.FP8: (FORMAT.FP8, FORMAT.HF_FP8),
     METHOD.QQQ: (FORMAT.QQQ,),
     METHOD.BITSANDBYTES: (FORMAT.BITSANDBYTES,),
@@ -227,7 +228,8 @@ def plan_checkpoint(path: str | Path) -> CheckpointPlan:
             modules, errors = plan_fp8.plan_modules(groups, raw, where)
         else:
             config, source, raw, model_config = read_config(root)
-            modules, errors = plan_gptq.plan_marked(groups, config, source, plan_gptq.MARKERS, plan_gptq.plan_module)
+            plan_one = plan_bitblas.plan_module if config.checkpoint_format is FORMAT.BITBLAS else plan_gptq.plan_module
+            modules, errors = plan_gptq.plan_marked(groups, config, source, plan_gptq.MARKERS, plan_one)
     except ConfigError as err:
         raise CheckpointError(f"{where}: {err}" if not str(err).startswith(str(root)) else str(err)) from None
     if errors:

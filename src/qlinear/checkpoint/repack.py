@@ -27,7 +27,7 @@ from ..target import Target
 LOAD_REPACKS: dict[FORMAT, FORMAT] = {FORMAT.GEMV: FORMAT.GEMM, FORMAT.GEMV_FAST: FORMAT.GEMM,
                                       FORMAT.LLM_AWQ: FORMAT.GEMM, FORMAT.PACK_QUANTIZED: FORMAT.GPTQ_V2,
                                       FORMAT.NAIVE_QUANTIZED: FORMAT.GPTQ_V2, FORMAT.INT_QUANTIZED: FORMAT.GPTQ_V2,
-                                      FORMAT.MARLIN: FORMAT.GPTQ_V2}
+                                      FORMAT.MARLIN: FORMAT.GPTQ_V2, FORMAT.BITBLAS: FORMAT.GPTQ_V2}
 
 
 def repacked_scheme(scheme: Scheme, to: FORMAT) -> Scheme:

@@ -37,6 +37,7 @@ FAMILIES: tuple[str, ...] = (
     "exllamav2",
     "exl2",
     "exl3",
+    "bitblas",
 )
 
 

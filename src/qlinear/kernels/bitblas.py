@@ -1,0 +1,108 @@
+"""BitBLAS checkpoints (GPTQModel ``checkpoint_format: bitblas``) run by qlinear's Triton GPTQ kernels.
+
+``BitblasLinear`` (GPTQ) and ``AWQBitBlasKernel`` (AWQ) hold exactly the tensors GPTQModel saves for these classes
+(``layouts/bitblas.py``: LOP3-permuted int8 ``qweight``, float16 ``scales``, packed int8 ``qzeros``), so a
+BitBLAS checkpoint loads with ``load_state_dict(strict=True)`` and saves back byte for byte. They do not call
+BitBLAS: its runtime compiles TVM kernels for CUDA at construction. ``prepare()`` decodes the tensors to the
+canonical weight and builds the same private runtime layout ``TritonV2Linear`` runs, on CUDA. Where Triton does
+not run (a CPU), the loader re-encodes a BitBLAS module to gptq_v2 in memory, losslessly, and any GPTQ kernel runs
+it (``checkpoint/repack.py``); the layer's ``choice.note`` says so.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from ..affine import AffineWeight
+from ..caps import Problem
+from ..enums import FORMAT, METHOD
+from ..layouts import bitblas
+from ..spec import Scheme
+from ..target import Target
+from .base import QuantLinear, adopt_dtypes
+from .planned.exllama_bitblas import AWQBitBlasKernel as _DeclaredAwq
+from .planned.exllama_bitblas import BitblasLinear as _DeclaredGptq
+from .triton_gptq import TritonQuantMixin
+
+
+def layout_reasons(scheme: Scheme, method: METHOD) -> list[str]:
+    """Why a ``method`` BitBLAS module cannot hold ``scheme`` (another format or method, or no BitBLAS encoding)."""
+    if scheme.format is not FORMAT.BITBLAS:
+        return [f"holds BitBLAS tensors, not {scheme.format.value} ones: `qlinear convert --format bitblas` "
+                "re-encodes the checkpoint"]
+    if scheme.method is not method:
+        return [f"runs {method.value} BitBLAS checkpoints; this one is {scheme.method.value}"]
+    return bitblas.layout_errors(scheme)
+
+
+class BitblasQuantLinear(QuantLinear):
+    """The BitBLAS checkpoint buffers (``qweight``, ``scales``, ``qzeros``, optional ``bias``) and their codec."""
+
+    method: ClassVar[METHOD] = METHOD.GPTQ  # the quant_method of the checkpoints this class runs
+    raw_packing = False  # hf_pack_layer packs GPTQ/AWQ words; BitBLAS modules come from load_affine or a checkpoint
+
+    @classmethod
+    def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
+        return cls.runtime_target_reasons(target) + layout_reasons(problem.scheme, cls.method)
+
+    def register_checkpoint_buffers(self, bias: bool) -> None:
+        for name, (shape, dtype) in bitblas.checkpoint_shapes(self.scheme).items():
+            self.register_buffer(name, torch.zeros(shape, dtype=dtype))
+        self.register_buffer("bias", torch.zeros(self.out_features, dtype=torch.float16) if bias else None)
+
+    def _load_from_state_dict(self, state_dict: dict[str, object], prefix: str, *args: object,
+                              **kwargs: object) -> None:
+        adopt_dtypes(self, state_dict, prefix, ("scales",), bitblas.SCALE_DTYPES)
+        if not bitblas.zeros_stored(self.scheme) and prefix + "qzeros" not in state_dict:
+            state_dict[prefix + "qzeros"] = torch.empty(0, dtype=torch.int8)  # symmetric: GPTQModel's is empty
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def load_affine(self, q: AffineWeight, bias: torch.Tensor | None = None) -> None:
+        """Encode ``q`` bit-exactly as GPTQModel's BitBLAS classes save it."""
+        self.check_fits(q)
+        s = self.scheme
+        tensors = bitblas.to_checkpoint(q, s, self.scales.dtype)
+        with torch.no_grad():
+            for name, value in tensors.items():
+                getattr(self, name).copy_(value)
+            if bias is not None:
+                if self.bias is None:
+                    raise ValueError("bias given but the layer was built without one (bias=False)")
+                if tuple(bias.shape) != (s.out_features,):
+                    raise ValueError(f"bias: expected shape [{s.out_features}], got {tuple(bias.shape)}")
+                self.bias.copy_(bias.detach().to(torch.float16))
+        self._runtime_key = None
+
+    def affine(self) -> AffineWeight:
+        tensors = {n: getattr(self, n).cpu() for n in ("qweight", "scales", "qzeros")}
+        return bitblas.from_checkpoint(tensors, self.scheme)
+
+    def checkpoint_tensors(self) -> list[torch.Tensor | None]:
+        return [self.qweight, self.scales, self.qzeros, self.bias]
+
+
+class BitblasLinear(TritonQuantMixin, BitblasQuantLinear):
+    """GPTQ BitBLAS tensors run by qlinear's Triton GPTQ kernels (BitBLAS itself is not called)."""
+
+    backend = _DeclaredGptq.backend
+    # The declaration's caps without requires_modules=bitblas: nothing here imports BitBLAS. The declared GPTQ /
+    # GPTQ_V2 formats stay (GPTQModel repacks those into BitBLAS at load); here runtime_reasons sends them to
+    # `qlinear convert --to bitblas`, since the module holds BitBLAS tensors.
+    caps = _DeclaredGptq.caps.but(requires_modules={})
+
+    @classmethod
+    def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
+        return cls.runtime_target_reasons(target) + layout_reasons(problem.scheme, cls.method)
+
+
+class AWQBitBlasKernel(BitblasLinear):
+    """AWQ BitBLAS tensors (always unsigned codes + zero points) run by qlinear's Triton GPTQ kernels."""
+
+    backend = _DeclaredAwq.backend
+    method = METHOD.AWQ
+    caps = _DeclaredAwq.caps.but(requires_modules={})  # as BitblasLinear: BitBLAS is not called
+
+
+KERNELS = (BitblasLinear, AWQBitBlasKernel)
