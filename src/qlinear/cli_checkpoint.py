@@ -82,7 +82,8 @@ def add_checkpoint_commands(sub: Any) -> None:
     p.add_argument("--format", required=True,
                    help="gptq, gptq_v2, gptq_p, gemm, gemv, gemv_fast, llm-awq; compressed-tensors pack-quantized, "
                         "naive-quantized, int-quantized, float-quantized, nvfp4-pack-quantized, mxfp4-pack-quantized; "
-                        "fp8 (GPTQModel), hf_fp8 (transformers)")
+                        "fp8 (GPTQModel), hf_fp8 (transformers); bitblas (GPTQModel's BitBLAS layout); mlx (mlx-lm); "
+                        "paroquant (same format only)")
     p.add_argument("--pack-dtype", default=None, choices=list(PACK_DTYPES),
                    help="storage word (default: the format's own, int16 for gemv_fast/llm-awq, else int32)")
     p.add_argument("--max-shard-size", default="4GB", help="split model.safetensors past this size (e.g. 4GB)")
