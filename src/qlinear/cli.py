@@ -50,6 +50,7 @@ def cmd_backends(args: argparse.Namespace) -> int:
         row = caps_table_row(kernel.backend, kernel.__name__, kernel.caps)
         reasons = kernel.target_reasons(target)
         row["here"] = {"ok": not reasons, "reasons": reasons}
+        row["runs"] = runs_summary(kernel)
         rows.append(row)
     if args.json:
         json.dump({"target": str(target), "kernels": rows}, sys.stdout, indent=2)
@@ -70,6 +71,13 @@ def cmd_backends(args: argparse.Namespace) -> int:
     return 0
 
 
+def runs_summary(kernel: type) -> str:
+    """What a kernel runs, and where: the first sentence of its class docstring."""
+    text = " ".join((kernel.__doc__ or "").split("\n\n")[0].split()).replace("``", "")
+    head = text.partition(". ")[0]
+    return head if not head or head.endswith(".") else head + "."
+
+
 def markdown_table(rows: list[dict[str, object]], cols: Sequence[str]) -> str:
     """The declarations as a Markdown table (docs/backends.md is generated from this)."""
     extra = ("desc_act", "sym", "pack_dtypes", "in_divisible", "out_divisible", "gpu_archs", "requires")
@@ -78,7 +86,7 @@ def markdown_table(rows: list[dict[str, object]], cols: Sequence[str]) -> str:
     for r in rows:
         reasons = r["here"]["reasons"]
         status = "not implemented yet" if "not implemented yet" in reasons else (
-            next((x for x in reasons if x.startswith("retired")), "implemented"))
+            next((x for x in reasons if x.startswith("retired")), f"implemented: {r['runs']}"))
         cells = [_short(r[c]) for c in (*cols, *extra)] + [status]
         out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return "\n".join(out)
