@@ -5,7 +5,11 @@ safetensors directory.
 For GGUF, transformers builds the fp32 model from the file (its own dequantization, our reference), then each
 ``nn.Linear`` whose weight is a quantized GGUF tensor is replaced by a GGUF kernel serving that tensor's own
 blocks. llama.cpp's converter permutes the rows of q/k for its rope layout; GGML blocks never straddle rows,
-so undoing that is a row permutation of the block bytes: exact, and free at run time.
+so undoing that is a row permutation of the block bytes: exact, and free at run time. (transformers refuses any
+quantization_config next to ``gguf_file=`` and its "gguf" quantizer is taken, so GGUF cannot go through
+``hf_quantizer``.)
+A safetensors directory goes through transformers' own ``from_pretrained`` with ``hf_quantizer.QlinearConfig``
+where transformers' loader can read it (``_transformers_loads``); otherwise the model is assembled here.
 
 transformers is an optional extra (``pip install 'qlinear[hf]'``), imported lazily. Loading a GGUF file
 through transformers also needs ``accelerate`` (requirements/nodeps-hf.txt).
@@ -102,9 +106,53 @@ def serve_gguf(model: nn.Module, f: Any, device: str | torch.device = "cpu", dty
 
 
 def _from_dir(root: Path, device: str | torch.device, dtype: torch.dtype, backend: str) -> nn.Module:
-    """A GPTQ / AWQ / compressed-tensors / FP8 directory: the architecture from config.json (no weights fetched),
-    the quantized modules as qlinear layers, every other tensor (embeddings, norms, an unquantized head) from the
-    safetensors files."""
+    """A GPTQ / AWQ / compressed-tensors / FP8 / ... directory: transformers' own ``from_pretrained`` with a
+    ``QlinearConfig`` (``hf_quantizer``) where transformers' loader can read it, else ``_from_dir_direct``."""
+    if _transformers_loads(root):
+        return _from_dir_transformers(root, device, dtype, backend)
+    return _from_dir_direct(root, device, dtype, backend)
+
+
+def _transformers_loads(root: Path) -> bool:
+    """transformers finds the weights (``model.safetensors`` or its index, not e.g. AutoGPTQ's
+    ``gptq_model-4bit-32g.safetensors``) and the checkpoint quantizes linear layers only (mlx-lm also quantizes
+    embeddings, which ``_from_dir_direct`` serves dense)."""
+    from .checkpoint.plan import read_quant_config
+    from .checkpoint.plan_mlx import SOURCE as MLX_SOURCE
+    from .checkpoint.safetensors_io import CheckpointError
+
+    if not (root / "config.json").is_file() or not any(
+            (root / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json")):
+        return False
+    try:
+        return read_quant_config(root)[1] != MLX_SOURCE
+    except CheckpointError:
+        return False  # the direct path plans it and reports the problem
+
+
+def _from_dir_transformers(root: Path, device: str | torch.device, dtype: torch.dtype, backend: str) -> nn.Module:
+    """``AutoModelForCausalLM.from_pretrained(root, quantization_config=QlinearConfig(...))``, strict about the
+    tensors as ``_from_dir_direct`` is. transformers keeps the float buffers it computes in float32 (rotary
+    ``inv_freq``) where ``_finish`` would cast them; the model is only moved."""
+    from . import hf_quantizer
+    from .checkpoint.safetensors_io import CheckpointError
+
+    tf = _transformers()
+    hf_quantizer.register()
+    config = hf_quantizer.QlinearConfig(backend=backend, dtype=dtype, device=device)
+    model, info = tf.AutoModelForCausalLM.from_pretrained(str(root), quantization_config=config, dtype=dtype,
+                                                          output_loading_info=True)
+    missing, unexpected, mismatched = (sorted(info[k]) for k in ("missing_keys", "unexpected_keys",
+                                                                  "mismatched_keys"))
+    if missing or unexpected or mismatched:
+        raise CheckpointError(f"{root}: tensors do not fit the {model.config.model_type} model: missing "
+                              f"{missing[:5]}, unexpected {unexpected[:5]}, mismatched {mismatched[:5]}")
+    return model.to(device).eval()
+
+
+def _from_dir_direct(root: Path, device: str | torch.device, dtype: torch.dtype, backend: str) -> nn.Module:
+    """The architecture from config.json (no weights fetched), the quantized modules as qlinear layers, every
+    other tensor (embeddings, norms, an unquantized head) from the safetensors files."""
     from .checkpoint.load import load_plan
     from .checkpoint.plan import plan_checkpoint
     from .checkpoint.safetensors_io import CheckpointError, read_tensor

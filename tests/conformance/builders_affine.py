@@ -1,6 +1,7 @@
-"""Builders for the integer-affine families: GPTQ / AWQ / Marlin layouts (every GPTQ- and AWQ-format kernel),
-the GPTQ embedding table, QQQ, MLX and ParoQuant. References: ``tests/oracle`` decoders of the layer's checkpoint
-tensors (gptq_numpy, awq_numpy, mlx_numpy), or float64 arithmetic on the random inputs the layer was given."""
+"""Builders for the integer-affine families: GPTQ / AWQ / Marlin / BitBLAS layouts (every GPTQ- and AWQ-format
+kernel), the GPTQ embedding table, QQQ, MLX and ParoQuant. References: ``tests/oracle`` decoders of the layer's
+checkpoint tensors (gptq_numpy, awq_numpy, mlx_numpy), or float64 arithmetic on the random inputs the layer was
+given."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from qlinear.affine import AffineWeight, quantize_rtn
 from qlinear.build import create_layer
 from qlinear.caps import Problem
-from qlinear.enums import DEVICE, FORMAT
+from qlinear.enums import DEVICE, FORMAT, METHOD
 from qlinear.kernels.base import QuantLinear
 from qlinear.select import select
 from qlinear.spec import Scheme, method_of
@@ -49,25 +50,39 @@ def ready(layer: QuantLinear, device: str) -> QuantLinear:
     return layer
 
 
+def method_for(c: Combo) -> METHOD:
+    """GPTQ or AWQ: the format's own method, except Marlin / BitBLAS tensors run by an AWQ kernel (``build`` then
+    loads them directly: ``create_layer`` infers the method from the format alone)."""
+    if c.format in (FORMAT.MARLIN, FORMAT.BITBLAS) and "awq" in c.kernel.__name__.lower():
+        return METHOD.AWQ
+    return method_of(c.format)
+
+
 class AffineBuilder(Builder):
-    """GPTQ (gptq, gptq_v2, gptq_p, marlin) and AWQ (gemm, marlin) layers from ``quantize_rtn`` through
-    ``build.create_layer``; the reference decodes the layer's own checkpoint tensors with the numpy oracle."""
+    """GPTQ (gptq, gptq_v2, gptq_p, marlin, bitblas) and AWQ (gemm, marlin, bitblas) layers from ``quantize_rtn``
+    (scales rounded to float16, as every such checkpoint stores them) through ``build.create_layer``; the reference
+    decodes the layer's own checkpoint tensors with the numpy oracle."""
 
     family = "gptq/awq"
 
+    def multiples(self, c: Combo) -> tuple[int, int]:
+        """Marlin's repack works on 16 x 64 (K x N) tiles, a rule its kernels check at run time (not declared)."""
+        return (16, 64) if "Marlin" in c.kernel.__name__ else (1, 1)
+
     def make_scheme(self, c: Combo, k: int, n: int) -> Scheme:
         return Scheme(bits=c.bits, group_size=c.group_size, in_features=k, out_features=n, sym=c.sym,
-                      desc_act=c.desc_act, method=method_of(c.format), format=c.format, pack_dtype=c.pack_dtype)
+                      desc_act=c.desc_act, method=method_for(c), format=c.format, pack_dtype=c.pack_dtype)
 
     def quantized(self, c: Combo, scheme: Scheme, seed: int) -> AffineWeight:
         # uniform on [-0.06, 0.04): every group's minimum is well below 0, so asymmetric true zeros stay at 1 or
         # more whatever the group (GPTQ v1 stores z - 1 and cannot hold 0), in any act-order permutation
         w = (torch.rand(scheme.out_features, scheme.in_features, generator=generator(seed)) - 0.6) * 0.1
-        return quantize_rtn(w, bits=c.bits, group_size=c.group_size, sym=c.sym, desc_act=c.desc_act)
+        q = quantize_rtn(w, bits=c.bits, group_size=c.group_size, sym=c.sym, desc_act=c.desc_act)
+        return replace(q, scales=q.scales.half().float())
 
     def build(self, c: Combo, scheme: Scheme, device: str, seed: int) -> Built:
         q = self.quantized(c, scheme, seed)
-        if selectable_here(c, device):
+        if selectable_here(c, device) and scheme.method is method_of(c.format):
             layer = create_layer(q, format=c.format, backend=c.kernel.backend, device=device, dtype=c.dtype,
                                  pack_dtype=c.pack_dtype)
             assert type(layer) is c.kernel, f"create_layer gave {type(layer).__name__}"
@@ -84,12 +99,14 @@ class AffineBuilder(Builder):
     @staticmethod
     def reference_weight(layer: QuantLinear, q: AffineWeight) -> np.ndarray:
         s = layer.scheme
-        sd = {k: v for k, v in state(layer).items() if k != "bias"}
-        if s.format in (FORMAT.GPTQ, FORMAT.GPTQ_V2, FORMAT.GPTQ_P):
+        # a kernel that released its checkpoint tensors after prepare() has none to decode: the codes given, below
+        sd = {} if layer.checkpoint_released else {k: v for k, v in state(layer).items() if k != "bias"}
+        if sd and s.format in (FORMAT.GPTQ, FORMAT.GPTQ_V2, FORMAT.GPTQ_P):
             return gptq_numpy.dequantize_checkpoint(sd, s.bits, s.in_features, s.out_features, s.format.value)
-        if s.format is FORMAT.GEMM:
+        if sd and s.format is FORMAT.GEMM:
             return awq_numpy.dequantize("gemm", sd, s.bits, s.in_features, s.out_features, s.group_size)
-        # Marlin tiles: the float64 weight of the codes given, with the float16 scales every Marlin checkpoint holds
+        # Marlin tiles, BitBLAS LOP3 words (no numpy decoder yet): the float64 weight of the codes given, with the
+        # float16 scales every such checkpoint holds
         return rtn_numpy.dequantize(q.codes.numpy(), q.scales.half().double().numpy(), q.zeros.numpy(),
                                     q.g_idx.numpy())
 
@@ -231,7 +248,8 @@ class ParoBuilder(Builder):
 GPTQ_AWQ = ("TorchLinear", "AwqTorchLinear", "TorchAtenLinear", "TorchAtenAwqLinear", "TorchFusedLinear",
             "TorchFusedAwqLinear", "TorchCpuAvx512Linear", "TorchCpuAvx512AwqLinear", "TorchInt8Linear",
             "TritonV2Linear", "AwqGEMMTritonLinear", "W4AFP8Linear", "MarlinLinear", "AwqMarlinLinear",
-            "MacheteLinear", "AwqMacheteLinear", "ExllamaV2Linear", "AwqExllamaV2Linear")
+            "MacheteLinear", "AwqMacheteLinear", "ExllamaV2Linear", "AwqExllamaV2Linear", "BitblasLinear",
+            "AWQBitBlasKernel")
 BUILDERS = ((AffineBuilder(), GPTQ_AWQ), (EmbeddingBuilder(), ("TorchQuantEmbeddings",)),
             (QQQBuilder(), ("QQQLinear", "QQQTorchLinear")), (MlxBuilder(), ("MlxTorchLinear",)),
             (ParoBuilder(), ("ParoLinear", "ParoQuantTritonLinear")))

@@ -5,6 +5,7 @@ GGUF block type, FP8 scale layout and element, bitsandbytes code type). Referenc
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -114,26 +115,31 @@ class FloatBuilder(Builder):
     def multiples(self, c: Combo) -> tuple[int, int]:
         return (128, 32) if c.variant == "e4m3-block32x128" else (64, 8)
 
-    def weight(self, c: Combo, k: int, n: int, seed: int) -> object:
+    def weight(self, fmt: str, variant: str, k: int, n: int, seed: int) -> object:
         from qlinear.float_quant import quantize_fp8, quantize_mxfp4, quantize_nvfp4
 
         w = torch.randn(n, k, generator=generator(seed)) * 0.05
-        if c.variant == "nvfp4":
+        if variant == "nvfp4":
             return quantize_nvfp4(w)
-        if c.variant == "mxfp4":
+        if variant == "mxfp4":
             return quantize_mxfp4(w)
-        element, block, rule = FLOAT_VARIANTS[c.format.value][c.variant]
+        element, block, rule = FLOAT_VARIANTS[fmt][variant]
         block = (n, k) if block == "tensor" else block
         return quantize_fp8(w, block=block, element=element, rule=rule)
 
     def make_scheme(self, c: Combo, k: int, n: int) -> Scheme:
+        return replace(self.base_scheme(c.format.value, c.variant, k, n), pack_dtype=c.pack_dtype)
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019 (one module-level builder; quantizing to learn the scheme is slow)
+    def base_scheme(self, fmt: str, variant: str, k: int, n: int) -> Scheme:
+        """The scheme a weight of this sub-type implies (it does not depend on the dtypes)."""
         from qlinear.build import float_scheme_of
 
-        return replace(float_scheme_of(self.weight(c, k, n, 0), c.format), pack_dtype=c.pack_dtype)
+        return float_scheme_of(self.weight(fmt, variant, k, n, 0), fmt)
 
     def build(self, c: Combo, scheme: Scheme, device: str, seed: int) -> Built:
         n, k = scheme.out_features, scheme.in_features
-        fw = self.weight(c, k, n, seed)
+        fw = self.weight(c.format.value, c.variant, k, n, seed)
         layer = explicit(c, scheme, device)
         layer.load_float(fw)
         layer = ready(layer, device)

@@ -3,6 +3,7 @@ passed / refused here (with the selector's reasons) / failed (raised or mismatch
 
 from __future__ import annotations
 
+import re
 import time
 import zlib
 from collections import Counter
@@ -20,6 +21,10 @@ from .known import known
 from .space import Combo, declared, declares_device, implemented_kernels, sample, valid
 
 MS = (1, 5)
+#: Reasons about the machine that kernels give per problem (``runtime_reasons``) rather than per target: a missing
+#: package or compiled op, a CPU flag, a GPU architecture. Any other refusal of a declared combination is a failure.
+MACHINE = re.compile(r"pip install|not installed|not loaded|lacks torch\.ops|needs Python module|CPU flag|AVX|AMX"
+                     r"|sm_\d+|no CUDA device")
 
 
 @dataclass
@@ -61,7 +66,10 @@ def run_combo(c: Combo, builder: Builder, device: str, target: Target) -> tuple[
     scheme = builder.scheme(c, k, n)
     reasons = c.kernel.reasons(Problem(scheme, c.dtype), target)
     if reasons:
-        return "refused", "; ".join(reasons)
+        machine = c.kernel.target_reasons(target)
+        if any(r in machine or MACHINE.search(r) for r in reasons):  # the machine lacks a device, package, op, flag
+            return "refused", "; ".join(reasons)
+        return "failed", f"declared, but the kernel refuses it on a capable machine: {'; '.join(reasons)}"
     seed = seed_of(c)
     try:
         built = builder.build(c, scheme, device, seed)

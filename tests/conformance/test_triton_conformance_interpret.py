@@ -24,12 +24,12 @@ from tests.triton_interp import interpreted
 
 INSTALL = "pip install --no-deps -r requirements/nodeps-triton.txt"
 #: Combinations per kernel: the interpreter runs a Triton program in numpy, seconds per call.
-CAP = 5
+CAP = 4
 #: The Triton kernels whose layers run on CPU tensors when interpreting (the others refuse CPU tensors in forward:
 #: TritonFP8/FP4Linear, W4AFP8Linear, QQQLinear, VPTQCudaLinear, ExllamaV3Linear; their interpreter tests call
 #: the kernel functions directly).
 KERNELS = ("TritonV2Linear", "AwqGEMMTritonLinear", "GGUFTritonKernel", "BitsAndBytesTritonLinear",
-           "ParoQuantTritonLinear")
+           "ParoQuantTritonLinear", "BitblasLinear", "AWQBitBlasKernel")
 
 
 @pytest.fixture(scope="module", autouse=True)
