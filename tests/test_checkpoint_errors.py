@@ -106,7 +106,7 @@ def test_unknown_quant_method(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("edit", "needle"), [
     ({"quant_method": "fp4"}, "unsupported format: quant_method 'fp4' checkpoints are not read yet"),
     ({"quant_method": "fp8"}, "quant_method fp8 without weight_scale_method/weight_scale_semantics (GPTQModel)"),
-    ({"checkpoint_format": "bitblas", "format": "bitblas"}, "unsupported format: gptq checkpoint_format 'bitblas'"),
+    ({"checkpoint_format": "qqq", "format": "qqq"}, "checkpoint_format 'qqq' is not a gptq format"),
     ({"checkpoint_format": "gemm", "format": "gemm"}, "checkpoint_format 'gemm' is not a gptq format"),
 ])
 def test_unsupported_formats(tmp_path: Path, edit: dict, needle: str) -> None:
@@ -184,7 +184,7 @@ def test_missing_shard_and_missing_path(tmp_path: Path) -> None:
 
 
 def test_no_kernel_names_the_module() -> None:
-    msg = error(FIXTURES / "gptq_4bit_g32", backend="gptq_bitblas")
+    msg = error(FIXTURES / "gptq_4bit_g32", backend="gptq_swordfish")
     assert msg.startswith("model.layers.0.mlp.down_proj: no kernel can run this layer") and "not implemented" in msg
 
 

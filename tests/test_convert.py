@@ -160,5 +160,5 @@ def test_lossy_fast_zeros_and_v1_zero_are_refused() -> None:
 
 def test_unknown_layouts_are_refused() -> None:
     tensors, s = gptq_layer(weight())
-    with pytest.raises(ConversionError, match="gptq bitblas: no encoder for integer codes in this layout"):
-        convert_tensors(tensors, s, "bitblas")
+    with pytest.raises(ConversionError, match="vptq vptq: no encoder for integer codes in this layout"):
+        convert_tensors(tensors, s, "vptq")
