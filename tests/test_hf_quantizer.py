@@ -20,8 +20,11 @@ from torch import nn
 FIXTURES = Path(__file__).parent / "fixtures"
 INSTALL = "pip install 'qlinear[hf]' && pip install --no-deps -r requirements/nodeps-hf.txt"
 IDS = torch.tensor([[1, 17, 42, 99, 3, 120, 7, 64]])  # the smallest fixture vocabulary has 128 ids
-#: GPTQModel 7.7.0's checkpoints: its reference holds its own dequantized weight of every module.
-GPTQMODEL = ["gptq_4bit_g32", "gptq_v2_4bit_g32_asym_sharded", "awq_gemm_4bit_g32"]
+#: GPTQModel 7.7.0's (act-order, 8-bit, sharded v2 and AWQ gemm among them) and AutoAWQ 0.2.9's gemv (a layout
+#: no CPU kernel runs: re-encoded at load) checkpoints; each reference holds the tool's own dequantized weight of
+#: every module.
+GPTQMODEL = ["gptq_4bit_g32", "gptq_4bit_g32_desc_act", "gptq_8bit_g32_asym", "gptq_v2_4bit_g32_asym_sharded",
+             "awq_gemm_4bit_g32", "autoawq_gemv_4bit_g64"]
 #: Checkpoints whose reference holds the producer's dequantized weights and its logits on ``input_ids``.
 WITH_LOGITS = ["ct_w4a16_g32", "ct_fp8_dynamic", "bnb_nf4", "bnb_int8"]
 
@@ -92,15 +95,16 @@ def test_layers_are_qlinear_and_logits_equal_hf_model(tf, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", GPTQMODEL)
-def test_gptqmodel_checkpoints_match_its_weights_and_a_float64_model(tf, name: str) -> None:
+def test_gptq_awq_checkpoints_match_the_tools_weights_and_a_float64_model(tf, name: str) -> None:
     from qlinear.hf_model import served_layers
 
     model = load(tf, name, dtype=torch.float32)
     weights = {m: r for m, r in producer_weights(name).items()}
     for module, layer in served_layers(model).items():
-        # GPTQModel dequantizes in float16 (one rounding of s * (q - z)); the layer's own decoding is exact
+        # the tools dequantize in float16 (one rounding of s * (q - z)); the layer's own decoding is exact
         assert torch.equal(layer.dequantize(torch.float32).to(torch.float16), weights[module]), module
-    assert rel(logits(model), logits(float64_model(model, weights), IDS)) < 2e-3  # float16-rounded weights
+    # float16-rounded producer weights against the exact ones: measured 1.8e-4 .. 2.9e-4
+    assert rel(logits(model), logits(float64_model(model, weights), IDS)) < 1e-3
 
 
 @pytest.mark.parametrize("name", WITH_LOGITS)
@@ -113,9 +117,10 @@ def test_producer_logits(tf, name: str) -> None:
         dense = float64_model(exact, producer_weights(name))  # rounds to bfloat16 (measured 1.8e-3)
         assert rel(logits(exact, ref["input_ids"]), logits(dense, ref["input_ids"])) < 5e-3
     # the tool's own forward in the checkpoint's dtype (compressed-tensors: bfloat16 with its activation
-    # quantization; bitsandbytes: its float16/bfloat16 kernels, LLM.int8 with int8 activations)
+    # quantization; bitsandbytes: its float16/bfloat16 kernels, LLM.int8 with int8 activations), against ours in
+    # bfloat16: summation order and rounding only, measured 3.8e-3 .. 7.1e-3
     low = load(tf, name, dtype=torch.bfloat16)
-    assert rel(logits(low, ref["input_ids"]).float(), ref["logits"]) < 2.5e-2
+    assert rel(logits(low, ref["input_ids"]).float(), ref["logits"]) < 2e-2
 
 
 def test_a_method_transformers_does_not_know(tf) -> None:
@@ -137,7 +142,10 @@ def test_unknown_backend_names_the_known_ones() -> None:
     config = QlinearConfig(backend="gptq_torch", dtype="bf16", device="cpu")
     assert (config.backend, config.dtype, config.device, config.torch_dtype) == (
         "gptq_torch", "bfloat16", "cpu", torch.bfloat16)
-    json.dumps(config.to_dict())  # transformers writes it into config.json
+    json.dumps(config.to_dict())  # transformers writes it into config.json, and reads it back:
+    assert QlinearConfig.from_dict(config.to_dict()).to_dict() == config.to_dict()
+    with pytest.raises(TypeError):
+        QlinearConfig(dtyp="bf16")  # a misspelt option is not swallowed
 
 
 def test_a_layer_no_kernel_runs_gives_the_selector_table_before_loading(tf) -> None:

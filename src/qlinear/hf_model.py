@@ -147,7 +147,7 @@ def _from_dir_transformers(root: Path, device: str | torch.device, dtype: torch.
     if missing or unexpected or mismatched:
         raise CheckpointError(f"{root}: tensors do not fit the {model.config.model_type} model: missing "
                               f"{missing[:5]}, unexpected {unexpected[:5]}, mismatched {mismatched[:5]}")
-    return model.to(device).eval()
+    return model.to(device).requires_grad_(False).eval()  # as _finish leaves the float modules
 
 
 def _from_dir_direct(root: Path, device: str | torch.device, dtype: torch.dtype, backend: str) -> nn.Module:

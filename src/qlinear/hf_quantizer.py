@@ -48,14 +48,16 @@ class QlinearConfig(QuantizationConfigMixin):
 
     ``backend``: a qlinear backend name or ``"auto"`` (the selector picks per layer). ``dtype``: the activation
     dtype of every kernel and of the float modules (None: transformers' own choice, ``dtype=`` or config.json's).
-    ``device``: where the qlinear layers are built (None: where transformers put the float modules).
-    ``checkpoint_config``: the checkpoint's own quantization_config, filled in on load (kept for reference;
-    the layers are planned from the checkpoint's files).
+    ``device``: where the qlinear layers are built (None: the one device of ``from_pretrained``'s ``device_map``,
+    else the CPU). ``checkpoint_config``: the checkpoint's own quantization_config, filled in on load (kept for
+    reference; the layers are planned from the checkpoint's files). ``quant_method`` is there for ``from_dict``.
     """
 
     def __init__(self, backend: BACKEND | str = "auto", dtype: torch.dtype | str | None = None,
                  device: torch.device | str | None = None, checkpoint_config: Mapping[str, Any] | None = None,
-                 **kwargs: Any) -> None:
+                 quant_method: str = METHOD_NAME) -> None:
+        if quant_method != METHOD_NAME:
+            raise ValueError(f"quant_method: a QlinearConfig is {METHOD_NAME!r}, got {quant_method!r}")
         self.quant_method = METHOD_NAME
         self.backend = str(BACKEND(backend).value)  # an unknown name raises here, listing the known ones
         self.dtype = None if dtype is None else str(parse_dtype(dtype)).removeprefix("torch.")

@@ -13,7 +13,8 @@ vLLM builds each linear layer (``ReplicatedLinear``, ``ColumnParallelLinear``, `
 
 Nothing imports vLLM at import time: ``register()`` looks its base classes up (or takes a ``VllmInterface`` of
 stand-ins, as the tests do) and registers the config under the name ``"qlinear"``. docs/serving.md has the
-contract and the limits.
+contract and the limits. vLLM slices the stored tensors itself here; ``qlinear.parallel`` is qlinear's own
+tensor parallelism, which cuts built layers.
 """
 
 from __future__ import annotations
@@ -26,17 +27,15 @@ import torch
 from torch import nn
 
 from .enums import BACKEND, FORMAT, METHOD
+from .parallel.shard import ShardError
 from .spec import QuantizeConfig, Scheme
 
 NAME = "qlinear"
 #: Stored layouts this plugin shards: the packed tensors split on whole words along vLLM's dims.
 FORMATS = {METHOD.GPTQ: (FORMAT.GPTQ, FORMAT.GPTQ_V2), METHOD.AWQ: (FORMAT.GEMM,)}
 
-__all__ = ["FORMATS", "NAME", "ParamSpec", "VllmInterface", "register", "shard_params", "vllm_interface"]
-
-
-class ShardError(ValueError):
-    """A layer shard this plugin cannot lay out (names the layer, what it needs and what it got)."""
+__all__ = ["FORMATS", "NAME", "ParamSpec", "ShardError", "VllmInterface", "register", "shard_params",
+           "vllm_interface"]
 
 
 @dataclass(frozen=True)
@@ -106,6 +105,9 @@ def shard_params(config: QuantizeConfig, input_size_per_partition: int, output_p
     if row_split and config.desc_act:
         raise ShardError(f"{layer}: act-order (desc_act) groups index the whole input; a row-parallel shard of "
                          f"{k} of {input_size} inputs cannot be served (run this layer unsharded)")
+    if config.desc_act and len(output_partition_sizes) > 1:
+        raise ShardError(f"{layer}: act-order (desc_act) checkpoints keep one g_idx per fused matrix, and a "
+                         f"fused layer of {len(output_partition_sizes)} has room for one; serve them unfused")
     if row_split and grouped and k % config.group_size:
         raise ShardError(f"{layer}: row shard of {k} inputs is not a whole number of groups of "
                          f"{config.group_size}")
@@ -264,18 +266,19 @@ class _ConfigLogic:
         return [f"{parent}.{p}" if parent else p for p in parts]
 
 
-_REGISTERED: dict[int, type] = {}
+_REGISTERED: dict[VllmInterface, type] = {}
 
 
 def register(interface: VllmInterface | None = None) -> type:
     """Build the plugin's classes on vLLM's bases and register the config as ``"qlinear"`` (once per interface);
-    returns the config class. vLLM then serves a GPTQ / AWQ checkpoint with ``quantization="qlinear"``."""
+    returns the config class. vLLM then serves a GPTQ / AWQ checkpoint with ``quantization="qlinear"``.
+    vLLM may run its plugins more than once per process; a second call returns the first registration."""
     interface = interface or vllm_interface()
-    if id(interface) in _REGISTERED:
-        return _REGISTERED[id(interface)]
+    if interface in _REGISTERED:
+        return _REGISTERED[interface]
     method = type("QlinearLinearMethod", (_MethodLogic, interface.LinearMethodBase), {"__module__": __name__})
     config = type("QlinearVllmConfig", (_ConfigLogic, interface.QuantizationConfig),
                   {"__module__": __name__, "interface": interface, "method_class": method})
     interface.register_quantization_config(NAME)(config)
-    _REGISTERED[id(interface)] = config
+    _REGISTERED[interface] = config
     return config
