@@ -56,3 +56,14 @@ def test_hbm_read_kernel_reads_every_word_once() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=BENCHMARKS.parent, env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_cpu_formats_table() -> None:
+    threads = torch.get_num_threads()
+    try:
+        text = load("cpu_formats").main(["--shapes", "512x256", "--ms", "1,3", "--reps", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    for needle in ("| 512x256 | dense bf16 | F.linear |", "| MlxTorchLinear |", "| VPTQLinear |",
+                   "| ExllamaV3TorchLinear |", "| Exl2TorchLinear |", "| ParoLinear |"):
+        assert needle in text, needle
