@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Every H200 run that work since 2026-12-05 waits for (no GPU was lent to the session that built it), in one device
+# call of about 8 minutes: each script checks its kernels against the exact Torch kernel and float64 before timing,
+# and writes its report under $OUT. From the repository root on the device:
+#     bash benchmarks/gpu_pending.sh
+# Copy $OUT/*.md to benchmarks/results/h200-<name>-<date>.md and the numbers into docs/performance.md.
+set -u
+export PYTHONPATH="$PWD/src"
+OUT="${OUT:-/tmp/gpu_pending}"
+mkdir -p "$OUT"
+export OUT
+status=0
+run() {  # name, time limit (s), command...
+    local name=$1 limit=$2
+    shift 2
+    echo "=== $name"
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "$name failed ($?)"; status=1; }
+    tail -n 5 "$OUT/$name.log"
+}
+# issue 24: the fast paths of the new formats (checks, then time vs bf16 cuBLAS at M = 1 .. 256)
+run gpu_exl3 120 python benchmarks/gpu_exl3.py
+run gpu_vptq 120 python benchmarks/gpu_vptq.py
+run gpu_paroquant 90 python benchmarks/gpu_paroquant.py
+run gpu_exl2 90 python benchmarks/gpu_exl2.py
+run gpu_bitblas 90 python benchmarks/gpu_bitblas.py
+# issue 23: every declared combination of the CUDA kernels against float64, and one layer on 8 CUDA streams
+run conformance_cuda 150 python benchmarks/conformance_report.py --device cuda
+run threads_cuda 60 python -m pytest -q tests/test_thread_safety.py -k cuda
+exit $status
