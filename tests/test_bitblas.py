@@ -13,6 +13,7 @@ zeros, or an empty int8 buffer when symmetric (signed ``int{bits}``, code ``q`` 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -191,16 +192,23 @@ def test_bitblas_kernel_holds_the_checkpoint_tensors(tmp_path: Path) -> None:
     fresh = BitblasLinear(s, bias=True)
     fresh.load_affine(layer.affine(), tensors["bias"])
     assert all(torch.equal(fresh.state_dict()[k], tensors[k]) for k in tensors)
-    assert not BitblasLinear.caps.requires_modules and not AWQBitBlasKernel.caps.requires_modules
+    assert set(BitblasLinear.caps.requires_modules) == set(AWQBitBlasKernel.caps.requires_modules) == {"triton"}
     from qlinear.caps import Problem
     from qlinear.target import Target
 
     gptq_scheme = scheme(4, fmt="gptq_v2")
-    cuda = Target.fake_cuda((9, 0))
-    assert any("convert --format bitblas" in r for r in BitblasLinear.runtime_reasons(Problem(gptq_scheme, F16), cuda))
-    assert any("runs awq BitBLAS" in r for r in AWQBitBlasKernel.runtime_reasons(Problem(s, F16), cuda))
+    cuda = Target.fake_cuda((9, 0), modules={"triton": True})
+    # the declared plain GPTQ layouts are held as stored (GPTQModel repacks them into BitBLAS at load); AUTO keeps
+    # TritonV2Linear for them
+    assert not BitblasLinear.runtime_reasons(Problem(gptq_scheme, F16), cuda)
+    assert any("runs awq checkpoints" in r for r in AWQBitBlasKernel.runtime_reasons(Problem(s, F16), cuda))
+    assert any("holds bitblas, gemm tensors, not gemv ones" in r
+               for r in AWQBitBlasKernel.runtime_reasons(Problem(replace(gptq_scheme, method="awq", format="gemv"),
+                                                                 F16), cuda))
     assert not BitblasLinear.runtime_reasons(Problem(s, F16), cuda)
     from qlinear.select import explain
+
+    assert explain(Problem(gptq_scheme, F16), cuda).kernel.__name__ == "TritonV2Linear"
 
     awq_scheme = scheme(4, k=128, n=48, method="awq")
     assert explain(Problem(s, F16), cuda).kernel is BitblasLinear
@@ -251,3 +259,25 @@ def test_errors(tmp_path: Path) -> None:
               str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"up_proj.qzeros: .*bitblas 4-bit"):
         plan_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "gptq_v2"])
+def test_bitblas_class_holds_a_plain_gptq_module_as_stored(fmt: str) -> None:
+    """The reference's BitblasLinear takes GPTQ modules too: their tensors are kept as GPTQ writes them, and the
+    canonical weight read back is the one given (the same codec as any GPTQ layer; checked against float64)."""
+    from qlinear.affine import quantize_rtn
+    from qlinear.kernels.bitblas import BitblasLinear
+    from qlinear.layouts import gptq as gptq_layout
+
+    q = quantize_rtn(torch.randn(48, 128, generator=torch.Generator().manual_seed(3)) * 0.02, bits=4, group_size=32,
+                     sym=False)
+    layer = BitblasLinear(scheme(4, k=128, n=48, fmt=fmt, sym=False), bias=False, dtype=F16)
+    layer.load_affine(q)
+    assert set(layer.state_dict()) == set(gptq_layout.checkpoint_shapes(layer.scheme))
+    back = layer.affine()
+    assert torch.equal(back.codes, q.codes) and torch.equal(back.zeros, q.zeros)
+    from tests.oracle.gptq_numpy import dequantize_checkpoint
+
+    sd = {k: v.numpy() for k, v in layer.state_dict().items()}
+    w64 = torch.from_numpy(dequantize_checkpoint(sd, 4, 128, 48, fmt))
+    assert torch.allclose(layer.dequantize(torch.float64), w64, rtol=0, atol=1e-12)

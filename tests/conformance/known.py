@@ -7,12 +7,6 @@ import re
 
 #: (kernel class pattern, combination label pattern, message pattern, what is wrong)
 KNOWN = [
-    (r"BitsAndBytes(Torch|Triton)?Linear", r"-int(16|32|64)$", r"weight: it is bitsandbytes .*; the layer is",
-     "bitsandbytes kernels declare pack dtypes int16/int32/int64 (the reference's), the selector accepts them, but "
-     "load_bnb refuses every scheme whose pack_dtype is not int8 (and its message names no difference)"),
-    (r"BitblasLinear|AWQBitBlasKernel", r"^(gptq|gptq_v2|gemm)-", r"holds BitBLAS tensors, not",
-     "BitBLAS kernels declare the gptq / gptq_v2 / gemm formats (as the reference, which repacks them at load) but "
-     "the class refuses every non-bitblas scheme"),
     (r"(Awq)?(Marlin|Machete)Linear", r"^marlin-", r"takes GPTQ / AWQ buffers: a Marlin-format",
      "vLLM Marlin / Machete kernels declare the marlin format (as the reference) but take GPTQ / AWQ buffers: the "
      "loader re-encodes a (B, s) module to gptq_v2, the class itself refuses the marlin scheme"),

@@ -7,6 +7,10 @@ BitBLAS: its runtime compiles TVM kernels for CUDA at construction. ``prepare()`
 canonical weight and builds the same private runtime layout ``TritonV2Linear`` runs, on CUDA. Where Triton does
 not run (a CPU), the loader re-encodes a BitBLAS module to gptq_v2 in memory, losslessly, and any GPTQ kernel runs
 it (``checkpoint/repack.py``); the layer's ``choice.note`` says so.
+
+As the reference declares, the classes also take plain GPTQ / GPTQ v2 (``BitblasLinear``) and AWQ GEMM
+(``AWQBitBlasKernel``) modules, which GPTQModel repacks into BitBLAS at load: here they keep those tensors as stored
+and run the same Triton layout (AUTO still ranks ``TritonV2Linear`` above them for such modules).
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ import torch
 
 from ..affine import AffineWeight
 from ..caps import Problem
+from ..convert import decode, encode
 from ..enums import FORMAT, METHOD
-from ..layouts import bitblas
+from ..layouts import awq, bitblas, gptq
 from ..spec import Scheme
 from ..target import Target
 from .base import QuantLinear, adopt_dtypes
@@ -26,19 +31,31 @@ from .planned.exllama_bitblas import AWQBitBlasKernel as _DeclaredAwq
 from .planned.exllama_bitblas import BitblasLinear as _DeclaredGptq
 from .triton_gptq import TritonQuantMixin
 
+TRITON = {"triton": "triton>=3.4"}
+#: The plain layouts each method's class also holds, as declared (GPTQModel repacks them into BitBLAS at load).
+PLAIN: dict[METHOD, tuple[FORMAT, ...]] = {METHOD.GPTQ: (FORMAT.GPTQ, FORMAT.GPTQ_V2), METHOD.AWQ: (FORMAT.GEMM,)}
+
 
 def layout_reasons(scheme: Scheme, method: METHOD) -> list[str]:
-    """Why a ``method`` BitBLAS module cannot hold ``scheme`` (another format or method, or no BitBLAS encoding)."""
-    if scheme.format is not FORMAT.BITBLAS:
-        return [f"holds BitBLAS tensors, not {scheme.format.value} ones: `qlinear convert --format bitblas` "
-                "re-encodes the checkpoint"]
+    """Why a ``method`` BitBLAS module cannot hold ``scheme`` (another method or layout, or no BitBLAS encoding)."""
     if scheme.method is not method:
-        return [f"runs {method.value} BitBLAS checkpoints; this one is {scheme.method.value}"]
+        return [f"runs {method.value} checkpoints; this one is {scheme.method.value}"]
+    if scheme.format is not FORMAT.BITBLAS and scheme.format not in PLAIN[method]:
+        held = ", ".join(f.value for f in (FORMAT.BITBLAS, *PLAIN[method]))
+        return [f"holds {held} tensors, not {scheme.format.value} ones"]
     return bitblas.layout_errors(scheme)
 
 
+def checkpoint_shapes(scheme: Scheme) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The stored tensors of a module in ``scheme``'s layout (BitBLAS, GPTQ or AWQ GEMM)."""
+    if scheme.format is FORMAT.BITBLAS:
+        return bitblas.checkpoint_shapes(scheme)
+    return gptq.checkpoint_shapes(scheme) if scheme.method is METHOD.GPTQ else awq.checkpoint_shapes(scheme)
+
+
 class BitblasQuantLinear(QuantLinear):
-    """The BitBLAS checkpoint buffers (``qweight``, ``scales``, ``qzeros``, optional ``bias``) and their codec."""
+    """The checkpoint buffers (BitBLAS ``qweight``, ``scales``, ``qzeros``, or a plain GPTQ / AWQ module's, optional
+    ``bias``) and their codecs."""
 
     method: ClassVar[METHOD] = METHOD.GPTQ  # the quant_method of the checkpoints this class runs
     raw_packing = False  # hf_pack_layer packs GPTQ/AWQ words; BitBLAS modules come from load_affine or a checkpoint
@@ -48,25 +65,29 @@ class BitblasQuantLinear(QuantLinear):
         return cls.runtime_target_reasons(target) + layout_reasons(problem.scheme, cls.method)
 
     def register_checkpoint_buffers(self, bias: bool) -> None:
-        for name, (shape, dtype) in bitblas.checkpoint_shapes(self.scheme).items():
+        for name, (shape, dtype) in checkpoint_shapes(self.scheme).items():
             self.register_buffer(name, torch.zeros(shape, dtype=dtype))
         self.register_buffer("bias", torch.zeros(self.out_features, dtype=torch.float16) if bias else None)
 
     def _load_from_state_dict(self, state_dict: dict[str, object], prefix: str, *args: object,
                               **kwargs: object) -> None:
-        adopt_dtypes(self, state_dict, prefix, ("scales",), bitblas.SCALE_DTYPES)
-        if not bitblas.zeros_stored(self.scheme) and prefix + "qzeros" not in state_dict:
+        stored = self.scheme.format is FORMAT.BITBLAS
+        adopt_dtypes(self, state_dict, prefix, ("scales",), bitblas.SCALE_DTYPES if stored else awq.SCALE_DTYPES)
+        if stored and not bitblas.zeros_stored(self.scheme) and prefix + "qzeros" not in state_dict:
             state_dict[prefix + "qzeros"] = torch.empty(0, dtype=torch.int8)  # symmetric: GPTQModel's is empty
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    def _names(self) -> tuple[str, ...]:
+        return tuple(checkpoint_shapes(self.scheme))
+
     def load_affine(self, q: AffineWeight, bias: torch.Tensor | None = None) -> None:
-        """Encode ``q`` bit-exactly as GPTQModel's BitBLAS classes save it."""
+        """Encode ``q`` bit-exactly as GPTQModel saves such a module (BitBLAS, GPTQ or AWQ GEMM)."""
         self.check_fits(q)
         s = self.scheme
-        tensors = bitblas.to_checkpoint(q, s, self.scales.dtype)
+        tensors = encode(q, s, self.scales.dtype)
         with torch.no_grad():
-            for name, value in tensors.items():
-                getattr(self, name).copy_(value)
+            for name in self._names():
+                getattr(self, name).copy_(tensors[name])
             if bias is not None:
                 if self.bias is None:
                     raise ValueError("bias given but the layer was built without one (bias=False)")
@@ -76,21 +97,18 @@ class BitblasQuantLinear(QuantLinear):
         self._runtime_key = None
 
     def affine(self) -> AffineWeight:
-        tensors = {n: getattr(self, n).cpu() for n in ("qweight", "scales", "qzeros")}
-        return bitblas.from_checkpoint(tensors, self.scheme)
+        return decode({n: getattr(self, n).cpu() for n in self._names()}, self.scheme)
 
     def checkpoint_tensors(self) -> list[torch.Tensor | None]:
-        return [self.qweight, self.scales, self.qzeros, self.bias]
+        return [*(getattr(self, n) for n in self._names()), self.bias]
 
 
 class BitblasLinear(TritonQuantMixin, BitblasQuantLinear):
     """GPTQ BitBLAS tensors run by qlinear's Triton GPTQ kernels (BitBLAS itself is not called)."""
 
     backend = _DeclaredGptq.backend
-    # The declaration's caps without requires_modules=bitblas: nothing here imports BitBLAS. The declared GPTQ /
-    # GPTQ_V2 formats stay (GPTQModel repacks those into BitBLAS at load); here runtime_reasons sends them to
-    # `qlinear convert --to bitblas`, since the module holds BitBLAS tensors.
-    caps = _DeclaredGptq.caps.but(requires_modules={})
+    # The declaration's caps needing triton (the kernels that run) instead of bitblas, which is never imported.
+    caps = _DeclaredGptq.caps.but(requires_modules=TRITON)
 
     @classmethod
     def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
@@ -102,7 +120,7 @@ class AWQBitBlasKernel(BitblasLinear):
 
     backend = _DeclaredAwq.backend
     method = METHOD.AWQ
-    caps = _DeclaredAwq.caps.but(requires_modules={})  # as BitblasLinear: BitBLAS is not called
+    caps = _DeclaredAwq.caps.but(requires_modules=TRITON)  # as BitblasLinear: BitBLAS is not called
 
 
 KERNELS = (BitblasLinear, AWQBitBlasKernel)

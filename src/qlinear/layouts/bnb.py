@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import torch
 
@@ -173,7 +174,8 @@ def from_checkpoint(tensors: Mapping[str, torch.Tensor], scheme: Scheme) -> BnbW
 def to_checkpoint(w: BnbWeight | BnbInt8Weight, scheme: Scheme) -> dict[str, torch.Tensor]:
     """The checkpoint tensors of ``w`` in ``scheme``'s layout (raises where they disagree)."""
     _check_scheme(scheme)
-    if scheme_of(w) != scheme:
+    # the stored codes are bytes whatever word the scheme names (the reference declares int8..int64 for these layers)
+    if replace(scheme_of(w), pack_dtype=scheme.pack_dtype) != scheme:
         raise ValueError(f"weight: it is bitsandbytes {describe(scheme_of(w))} [{w.out_features}, {w.in_features}]; "
                          f"the layer is {describe(scheme)} [{scheme.out_features}, {scheme.in_features}]")
     if isinstance(w, BnbInt8Weight):
