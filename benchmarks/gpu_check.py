@@ -2,6 +2,7 @@
 
     python3 benchmarks/gpu_check.py            # sweep (covering design; --full for the product): exit 1 on failure
     python3 benchmarks/gpu_check.py --sass     # registers, spills, shared memory, HGMMA/HMMA/vector-load counts
+    python3 benchmarks/gpu_check.py --conformance   # every implemented CUDA kernel's declared combinations vs float64
 
 Fresh random codes, scales, zeros and act-order per layer; the reference is float64 on the GPU from the
 generated canonical weight (no qlinear decoding). Outputs are poisoned with NaN first (every element must
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -286,6 +288,9 @@ def main() -> int:
     ap.add_argument("--bits", default="2,4,8", help="weight bits to check (GPTQ layers)")
     ap.add_argument("--out", help="write the full Markdown table of checks here")
     ap.add_argument("--variants", default="", help="only these variants (comma-separated; default: all)")
+    ap.add_argument("--conformance", action="store_true",
+                    help="every implemented CUDA kernel's declared combinations against float64 (the conformance "
+                         "harness of tests/conformance, through benchmarks/conformance_report.py --device cuda)")
     ap.add_argument("--interpret-smoke", action="store_true",
                     help="tiny shapes on CPU under TRITON_INTERPRET=1 (checks this script, not the GPU)")
     args = ap.parse_args()
@@ -297,6 +302,9 @@ def main() -> int:
         return 2
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton "
           f"{__import__('triton').__version__}")
+    if args.conformance:
+        report = Path(__file__).with_name("conformance_report.py")
+        return subprocess.call([sys.executable, str(report), "--device", "cuda"])
     bits = tuple(int(b) for b in args.bits.split(","))
     variants = tuple(v for v in args.variants.split(",") if v)
     return sass_report() if args.sass else sweep(args.full, torch.device("cuda"), budget=args.budget, out=args.out,

@@ -24,6 +24,6 @@ run gpu_paroquant 90 python benchmarks/gpu_paroquant.py
 run gpu_exl2 90 python benchmarks/gpu_exl2.py
 run gpu_bitblas 90 python benchmarks/gpu_bitblas.py
 # issue 23: every declared combination of the CUDA kernels against float64, and one layer on 8 CUDA streams
-run conformance_cuda 150 python benchmarks/conformance_report.py --device cuda
+run conformance_cuda 150 python benchmarks/gpu_check.py --conformance
 run threads_cuda 60 python -m pytest -q tests/test_thread_safety.py -k cuda
 exit $status
