@@ -7,7 +7,6 @@ group size resolved to a length once, at construction, so no code downstream tes
 
 from __future__ import annotations
 
-import json
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import torch
 
 from .activations import ActQuant
+from .config_json import ConfigError, config_bool, config_int, load_mapping
 from .enums import FORMAT, METHOD
 from .floats import Element
 
@@ -59,10 +59,6 @@ INT16_FORMATS = frozenset({FORMAT.GEMV_FAST, FORMAT.LLM_AWQ})
 AWQ_LAYOUT_BITS: Mapping[FORMAT, tuple[int, ...]] = {
     FORMAT.GEMM: (2, 4, 8), FORMAT.GEMV: (4,), FORMAT.GEMV_FAST: (4,), FORMAT.LLM_AWQ: (4,),
 }
-
-
-class ConfigError(ValueError):
-    """A quantization config that no checkpoint can have (names the field, the value, the rule)."""
 
 
 def pack_dtype_of(value: str | torch.dtype) -> torch.dtype:
@@ -162,7 +158,7 @@ class QuantizeConfig:
         ``group_size``/``q_group_size``, ``checkpoint_format``/``format``/``version``, AWQ's
         ``zero_point`` (the opposite of ``sym``).
         """
-        data = _load_mapping(source)
+        data = load_mapping(source)
         if "quantization_config" in data:
             data = data["quantization_config"]
         if not isinstance(data, Mapping):
@@ -182,66 +178,23 @@ class QuantizeConfig:
                                   f"load_in_8bit={data.get('load_in_8bit')!r}")
             return cls(bits=4 if four else 8, group_size=-1, method=method, checkpoint_format=FORMAT.BITSANDBYTES,
                        pack_dtype="int8", extra=dict(data))
-        bits = _config_int(data, "bits", "w_bit")
+        bits = config_int(data, "bits", "w_bit")
         if bits is None:
             raise ConfigError("quantization config has no 'bits' (or 'w_bit') entry")
-        group_size = _config_int(data, "group_size", "q_group_size")
+        group_size = config_int(data, "group_size", "q_group_size")
         fmt = data.get("checkpoint_format") or data.get("format") or data.get("version")
         if fmt is not None and not isinstance(fmt, str):
             raise ConfigError(f"checkpoint_format/format/version: expected a format name (a string), found {fmt!r}")
         if method is METHOD.AWQ and "sym" not in data:
-            sym = not _config_bool(data, "zero_point", True)
+            sym = not config_bool(data, "zero_point", True)
         else:
-            sym = _config_bool(data, "sym", True)
+            sym = config_bool(data, "sym", True)
         known = {"bits", "w_bit", "group_size", "q_group_size", "checkpoint_format", "format", "version",
                  "sym", "zero_point", "desc_act", "quant_method", "pack_dtype"}
         return cls(bits=bits, group_size=-1 if group_size is None else group_size, sym=sym,
-                   desc_act=_config_bool(data, "desc_act", False), method=method,
+                   desc_act=config_bool(data, "desc_act", False), method=method,
                    checkpoint_format=FORMAT(fmt) if fmt else None, pack_dtype=data.get("pack_dtype"),
                    extra={k: v for k, v in data.items() if k not in known})
-
-
-def _config_int(data: Mapping[str, Any], *keys: str) -> int | None:
-    """The first of ``keys`` present, as an int (a JSON integer; ``4.0`` is accepted, ``true`` and ``"4"`` are not)."""
-    for key in keys:
-        if key in data:
-            value = data[key]
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ConfigError(f"{key}: expected an integer, found {value!r}")
-            return value
-    return None
-
-
-def _config_bool(data: Mapping[str, Any], key: str, default: bool) -> bool:
-    """A JSON boolean (a string such as ``"false"`` would otherwise read as True)."""
-    value = data.get(key, default)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{key}: expected true or false, found {value!r}")
-    return value
-
-
-def _load_mapping(source: str | Path | Mapping[str, Any]) -> Mapping[str, Any]:
-    if isinstance(source, Mapping):
-        return source
-    path = Path(source)
-    if path.is_dir():
-        for name in ("quantize_config.json", "quant_config.json", "config.json"):
-            if (path / name).is_file():
-                path = path / name
-                break
-        else:
-            raise ConfigError(f"{source}: no quantize_config.json, quant_config.json or config.json in this directory")
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: not valid JSON ({err})") from None
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{path}: expected a JSON object, found {type(data).__name__}")
-    return data
 
 
 @dataclass(frozen=True)
