@@ -23,6 +23,7 @@ from .packing import (
 from .select import Choice, NoKernelError, Verdict, explain, select
 from .spec import ConfigError, QuantizeConfig, Scheme
 from .target import DeviceInfo, Target
+from .version import __version__ as __version__
 
 __all__ = [
     "BACKEND",
@@ -59,4 +60,3 @@ __all__ = [
     "save_checkpoint",
     "select",
 ]
-__version__ = "0.1.0"

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import torch
 
 from .bnb_weight import BnbInt8Weight, BnbWeight
-from .convert import ConversionError
+from .canonical import ConversionError
 from .enums import FORMAT
 from .layouts import bnb
 from .spec import Scheme

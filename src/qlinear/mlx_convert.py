@@ -114,7 +114,7 @@ def mlx_scheme(q: AffineWeight | MlxWeight, group_size: int) -> Scheme:
 def convert_tensors(tensors: Mapping[str, torch.Tensor], scheme: Scheme, to: FORMAT,
                     pack_dtype: torch.dtype | None = None) -> tuple[dict[str, torch.Tensor], Scheme]:
     """``convert.convert_tensors`` where MLX is the source or the target format (lossless or refused)."""
-    from .convert import ConversionError, _affine_difference, decode, encode, target_scheme
+    from .canonical import ConversionError, affine_difference, decode, encode, target_scheme
 
     what = f"cannot convert {scheme.format.value} to {to.value}"
     try:
@@ -128,7 +128,7 @@ def convert_tensors(tensors: Mapping[str, torch.Tensor], scheme: Scheme, to: FOR
                 target = target_scheme(scheme, to, pack_dtype)
                 target = replace(target, sym=q.sym)
                 out = encode(q, target)
-                lost = _affine_difference(q, decode(out, target))
+                lost = affine_difference(q, decode(out, target))
                 if lost is not None:
                     raise ConversionError(f"{what} without loss: {lost}")
                 bias_dtype = torch.float16 if to is not FORMAT.GEMM else out["scales"].dtype
@@ -156,7 +156,7 @@ def convert_tensors(tensors: Mapping[str, torch.Tensor], scheme: Scheme, to: FOR
 
 def _check_same_values(q: AffineWeight, back: MlxWeight, what: str) -> None:
     """The MLX weight read back holds ``q``'s codes and, per input channel, its scale and ``-scale * zero``."""
-    from .convert import ConversionError
+    from .canonical import ConversionError
 
     g = q.g_idx.long()
     mg = torch.arange(q.in_features) // back.group_size

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from .convert import ConversionError
+from .canonical import ConversionError
+from .checkpoint.config_write import quantization_config
 from .enums import FORMAT
 from .layouts import awq, paroquant
 from .layouts.tensors import check_against
@@ -51,8 +52,6 @@ def paro_config(schemes: Mapping[str, Scheme], version: str, meta: Mapping[str, 
     """The GPTQModel-style config of these modules (bits, group size, ``format: paroquant``, ``dynamic`` rules for
     modules unlike the rest) with the one ``krot`` every module has; modules with different rotation counts
     cannot share a config."""
-    from .checkpoint.save import quantization_config
-
     counts = Counter(paroquant.params_of(s).krot for s in schemes.values())
     if len(counts) > 1:
         raise ConversionError(f"cannot write paroquant: the modules have different rotation counts "

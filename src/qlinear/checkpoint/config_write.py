@@ -1,4 +1,5 @@
-"""The quantization configs qlinear writes for compressed-tensors and FP8 checkpoints.
+"""The quantization configs qlinear writes: GPTQModel's (GPTQ, AWQ, and the formats built on its config), and those
+of compressed-tensors and FP8 checkpoints.
 
 compressed-tensors: one config group per distinct scheme, targeting its modules by exact name (a class
 target such as ``Linear`` would also claim the model's unquantized linear layers), each group with its own
@@ -9,12 +10,14 @@ compressed`` and the layout's version (0.18+, the dense bit stream qlinear write
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 from ..activations import ActQuant, ActScales
 from ..enums import FORMAT, METHOD
-from ..spec import Scheme
+from ..spec import QuantizeConfig, Scheme
 from .safetensors_io import CheckpointError
 
 #: compressed-tensors version whose layouts qlinear writes (dense pack-quantized bit stream, no weight_g_idx
@@ -101,3 +104,46 @@ def _block_of(first: Scheme, s: Scheme) -> tuple[int, int] | None:
     if first.scale_block == (1, first.in_features):
         return (1, first.in_features) if s.scale_block == (1, s.in_features) else s.scale_block
     return s.scale_block
+
+
+def quantization_config(schemes: Mapping[str, Scheme], version: str,
+                        meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The quantization config GPTQModel writes, with a ``dynamic`` rule for each module unlike the rest.
+
+    ``meta`` (a source checkpoint's) is kept, with ``qlinear:<version>`` appended to ``meta.quantizer``:
+    the provenance stays true, and GPTQModel reads asymmetric v1 (``gptq``) files only when it finds
+    ``gptqmodel:>=0.9`` there (older AutoGPTQ v1 files could hold the zero-point borrow bug).
+    """
+    def key(s: Scheme) -> tuple[int, int, bool, bool]:
+        return s.bits, -1 if s.channelwise else s.group_size, s.sym, s.desc_act
+
+    if not schemes:
+        raise CheckpointError("nothing to save: no quantized modules")
+    first = next(iter(schemes.values()))
+    bits, group_size, sym, desc_act = Counter(map(key, schemes.values())).most_common(1)[0][0]
+    base = QuantizeConfig(bits=bits, group_size=group_size, sym=sym, desc_act=desc_act, method=first.method,
+                          checkpoint_format=first.format, pack_dtype=first.pack_dtype)
+    dynamic = {}
+    for name, s in schemes.items():
+        if base.scheme(s.in_features, s.out_features) != s:
+            b, g, y, d = key(s)
+            dynamic[f"+:^{re.escape(name)}$"] = {"bits": b, "group_size": g, "sym": y, "desc_act": d}
+    fmt, method = first.format.value, first.method.value
+    out: dict[str, Any] = {"bits": bits, "group_size": group_size, "desc_act": desc_act,
+                           "lm_head": any(n.split(".")[-1] == "lm_head" for n in schemes),
+                           "method": method, "quant_method": method, "format": fmt, "checkpoint_format": fmt,
+                           "pack_dtype": str(first.pack_dtype).removeprefix("torch.")}
+    if first.method is METHOD.AWQ:
+        out.update(zero_point=not sym, version=fmt)
+    else:
+        out["sym"] = sym
+    if first.format is FORMAT.MARLIN:  # AutoGPTQ 0.7 (its last release) reads this flag, not checkpoint_format
+        out["is_marlin_format"] = True
+    if dynamic:
+        out["dynamic"] = dynamic
+    meta = dict(meta or {})
+    quantizer = meta.get("quantizer") or []
+    quantizer = [quantizer] if isinstance(quantizer, str) else list(quantizer)
+    meta["quantizer"] = [*(q for q in quantizer if not str(q).startswith("qlinear:")), f"qlinear:{version}"]
+    out["meta"] = meta
+    return out

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import tempfile
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,12 @@ from torch import nn
 from ..convert import ConversionError, convert_tensors
 from ..enums import FORMAT, METHOD
 from ..kernels.base import QuantLinear
-from ..spec import QuantizeConfig, Scheme, method_of
-from .config_write import ct_config, fp8_config
+from ..mlx_convert import mlx_config
+from ..paro_convert import paro_config
+from ..spec import Scheme, method_of
+from ..version import __version__
+from .config_write import ct_config, fp8_config, quantization_config
+from .plan_bnb import bnb_config
 from .safetensors_io import CheckpointError, write_file
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
@@ -88,49 +91,6 @@ def convert_modules(modules: Mapping[str, tuple[Mapping[str, torch.Tensor] | Non
     return out
 
 
-def quantization_config(schemes: Mapping[str, Scheme], version: str,
-                        meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The quantization config GPTQModel writes, with a ``dynamic`` rule for each module unlike the rest.
-
-    ``meta`` (a source checkpoint's) is kept, with ``qlinear:<version>`` appended to ``meta.quantizer``:
-    the provenance stays true, and GPTQModel reads asymmetric v1 (``gptq``) files only when it finds
-    ``gptqmodel:>=0.9`` there (older AutoGPTQ v1 files could hold the zero-point borrow bug).
-    """
-    def key(s: Scheme) -> tuple[int, int, bool, bool]:
-        return s.bits, -1 if s.channelwise else s.group_size, s.sym, s.desc_act
-
-    if not schemes:
-        raise CheckpointError("nothing to save: no quantized modules")
-    first = next(iter(schemes.values()))
-    bits, group_size, sym, desc_act = Counter(map(key, schemes.values())).most_common(1)[0][0]
-    base = QuantizeConfig(bits=bits, group_size=group_size, sym=sym, desc_act=desc_act, method=first.method,
-                          checkpoint_format=first.format, pack_dtype=first.pack_dtype)
-    dynamic = {}
-    for name, s in schemes.items():
-        if base.scheme(s.in_features, s.out_features) != s:
-            b, g, y, d = key(s)
-            dynamic[f"+:^{re.escape(name)}$"] = {"bits": b, "group_size": g, "sym": y, "desc_act": d}
-    fmt, method = first.format.value, first.method.value
-    out: dict[str, Any] = {"bits": bits, "group_size": group_size, "desc_act": desc_act,
-                           "lm_head": any(n.split(".")[-1] == "lm_head" for n in schemes),
-                           "method": method, "quant_method": method, "format": fmt, "checkpoint_format": fmt,
-                           "pack_dtype": str(first.pack_dtype).removeprefix("torch.")}
-    if first.method is METHOD.AWQ:
-        out.update(zero_point=not sym, version=fmt)
-    else:
-        out["sym"] = sym
-    if first.format is FORMAT.MARLIN:  # AutoGPTQ 0.7 (its last release) reads this flag, not checkpoint_format
-        out["is_marlin_format"] = True
-    if dynamic:
-        out["dynamic"] = dynamic
-    meta = dict(meta or {})
-    quantizer = meta.get("quantizer") or []
-    quantizer = [quantizer] if isinstance(quantizer, str) else list(quantizer)
-    meta["quantizer"] = [*(q for q in quantizer if not str(q).startswith("qlinear:")), f"qlinear:{version}"]
-    out["meta"] = meta
-    return out
-
-
 def config_for(schemes: Mapping[str, Scheme], version: str, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The quantization config of a checkpoint holding these modules, in their format family's own terms."""
     if not schemes:
@@ -141,16 +101,10 @@ def config_for(schemes: Mapping[str, Scheme], version: str, meta: Mapping[str, A
     if method is METHOD.FP8:
         return fp8_config(schemes)
     if method is METHOD.BITSANDBYTES:
-        from .plan_bnb import bnb_config
-
         return bnb_config(schemes)
     if method is METHOD.MLX:
-        from ..mlx_convert import mlx_config
-
         return mlx_config(schemes)
     if method is METHOD.PAROQUANT:
-        from ..paro_convert import paro_config
-
         return paro_config(schemes, version, meta)
     return quantization_config(schemes, version, meta)
 
@@ -250,8 +204,6 @@ def save_checkpoint(layers_or_model: Mapping[str, QuantLinear] | nn.Module, out_
     given (``config``, or a transformers model's own ``.config``). Raises ``ConversionError`` listing
     every module that ``format`` cannot hold without loss; nothing is written then.
     """
-    from .. import __version__
-
     layers, other = _collect(layers_or_model)
     converted = convert_modules({n: (_layer_tensors(m), m.scheme) for n, m in layers.items()}, format, pack_dtype)
     tensors = {**other, **(extra_tensors or {})}
@@ -279,7 +231,6 @@ def convert_checkpoint(src: str | Path, dst: str | Path, format: FORMAT | str, *
     Other tensors are copied unchanged, config.json keeps its model fields with a new
     quantization_config, and the other files of ``src`` (tokenizer, generation config) come along.
     """
-    from .. import __version__
     from .load import read_module
     from .plan import plan_checkpoint
     from .safetensors_io import read_tensor

@@ -20,8 +20,8 @@ from typing import ClassVar
 import torch
 
 from ..affine import AffineWeight
+from ..canonical import decode, encode
 from ..caps import Problem
-from ..convert import decode, encode
 from ..enums import FORMAT, METHOD
 from ..layouts import awq, bitblas, gptq
 from ..spec import Scheme
