@@ -45,18 +45,7 @@ class AwqQuantLinear(QuantLinear):
     def load_affine(self, q: AffineWeight, bias: torch.Tensor | None = None) -> None:
         self.check_fits(q)
         s = self.scheme
-        tensors = awq.to_checkpoint(q, s.format, scale_dtype=self.scales.dtype)
-        if bias is not None:
-            if self.bias is None:
-                raise ValueError("bias given but the layer was built without one (bias=False)")
-            if tuple(bias.shape) != (s.out_features,):
-                raise ValueError(f"bias: expected shape [{s.out_features}], got {tuple(bias.shape)}")
-        with torch.no_grad():
-            for name, value in tensors.items():
-                getattr(self, name).copy_(value)
-            if bias is not None:
-                self.bias.copy_(bias.detach().to(self.bias.dtype))
-        self._runtime_key = None
+        self.write_checkpoint(awq.to_checkpoint(q, s.format, scale_dtype=self.scales.dtype), bias)
 
     def affine(self) -> AffineWeight:
         names = awq.checkpoint_shapes(self.scheme)

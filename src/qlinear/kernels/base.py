@@ -9,6 +9,7 @@ mutation, a move or a dtype change rebuilds it on the next forward instead of se
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import ClassVar
 
 import torch
@@ -153,6 +154,25 @@ class QuantLinear(nn.Module):
             raise ValueError(f"weight: layer is {s.bits}-bit but the codes are {q.bits}-bit")
         if min(q.group_size, s.in_features) != s.group_size:
             raise ValueError(f"weight: layer has group size {s.group_size} but the weight {q.group_size}")
+
+    def write_checkpoint(self, values: Mapping[str, torch.Tensor], bias: torch.Tensor | None = None) -> None:
+        """Copy checkpoint-named ``values`` into their buffers (dotted names reach sub-modules) and ``bias`` into
+        ``bias``, every shape checked before anything is written; the runtime state is rebuilt at the next forward."""
+        targets = {name: self.get_buffer(name) for name in values}
+        for name, buf in targets.items():
+            if tuple(buf.shape) != tuple(values[name].shape):
+                raise ValueError(f"{name}: expected shape {tuple(buf.shape)}, got {tuple(values[name].shape)}")
+        if bias is not None:
+            if self.bias is None:
+                raise ValueError("bias given but the layer was built without one (bias=False)")
+            if tuple(bias.shape) != (self.out_features,):
+                raise ValueError(f"bias: expected shape [{self.out_features}], got {tuple(bias.shape)}")
+        with torch.no_grad():
+            for name, buf in targets.items():
+                buf.copy_(values[name])
+            if bias is not None:
+                self.bias.copy_(bias.detach().to(self.bias.dtype))
+        self._runtime_key = None
 
     def affine(self) -> AffineWeight:
         """Decode the checkpoint buffers to the canonical form (true zeros, ``[N, G]`` scales)."""

@@ -85,16 +85,7 @@ class BitblasQuantLinear(QuantLinear):
         self.check_fits(q)
         s = self.scheme
         tensors = encode(q, s, self.scales.dtype)
-        with torch.no_grad():
-            for name in self._names():
-                getattr(self, name).copy_(tensors[name])
-            if bias is not None:
-                if self.bias is None:
-                    raise ValueError("bias given but the layer was built without one (bias=False)")
-                if tuple(bias.shape) != (s.out_features,):
-                    raise ValueError(f"bias: expected shape [{s.out_features}], got {tuple(bias.shape)}")
-                self.bias.copy_(bias.detach().to(torch.float16))
-        self._runtime_key = None
+        self.write_checkpoint({name: tensors[name] for name in self._names()}, bias)
 
     def affine(self) -> AffineWeight:
         return decode({n: getattr(self, n).cpu() for n in self._names()}, self.scheme)

@@ -34,20 +34,7 @@ class GPTQQuantLinear(QuantLinear):
     def load_affine(self, q: AffineWeight, bias: torch.Tensor | None = None) -> None:
         self.check_fits(q)
         s = self.scheme
-        tensors = gptq.to_checkpoint(q, s.format, s.pack_dtype)
-        with torch.no_grad():
-            for name, value in tensors.items():
-                buf = getattr(self, name)
-                if tuple(buf.shape) != tuple(value.shape):
-                    raise ValueError(f"{name}: expected shape {tuple(buf.shape)}, got {tuple(value.shape)}")
-                buf.copy_(value)
-            if bias is not None:
-                if self.bias is None:
-                    raise ValueError("bias given but the layer was built without one (bias=False)")
-                if tuple(bias.shape) != (s.out_features,):
-                    raise ValueError(f"bias: expected shape [{s.out_features}], got {tuple(bias.shape)}")
-                self.bias.copy_(bias.detach().to(torch.float16))
-        self._runtime_key = None
+        self.write_checkpoint(gptq.to_checkpoint(q, s.format, s.pack_dtype), bias)
 
     def affine(self) -> AffineWeight:
         tensors = {n: getattr(self, n) for n in ("qweight", "qzeros", "scales", "g_idx")}

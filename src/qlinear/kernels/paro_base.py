@@ -85,18 +85,7 @@ class ParoQuantBase(AwqQuantLinear):
     def load_affine(self, q: AffineWeight, bias: torch.Tensor | None = None) -> None:
         """Encode the codes (the rotation is set apart, ``load_rotation``; a fresh layer holds the identity)."""
         self.check_fits(q)
-        tensors = awq.to_checkpoint(q, FORMAT.GEMM, scale_dtype=self.scales.dtype)
-        if bias is not None:
-            if self.bias is None:
-                raise ValueError("bias given but the layer was built without one (bias=False)")
-            if tuple(bias.shape) != (self.out_features,):
-                raise ValueError(f"bias: expected shape [{self.out_features}], got {tuple(bias.shape)}")
-        with torch.no_grad():
-            for name, value in tensors.items():
-                getattr(self, name).copy_(value)
-            if bias is not None:
-                self.bias.copy_(bias.detach().to(self.bias.dtype))
-        self._runtime_key = None
+        self.write_checkpoint(awq.to_checkpoint(q, FORMAT.GEMM, scale_dtype=self.scales.dtype), bias)
 
     def load_rotation(self, pairs: torch.Tensor, theta: torch.Tensor, channel_scales: torch.Tensor) -> None:
         """Set the input transform (validated; ``theta``/``channel_scales`` keep their float dtype)."""

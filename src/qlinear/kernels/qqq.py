@@ -119,17 +119,7 @@ class QQQQuantLinear(QuantLinear):
         if (qw.out_features, qw.in_features, qw.group_size) != (s.out_features, s.in_features, s.group_size):
             raise ValueError(f"weight: expected [{s.out_features}, {s.in_features}] group size {s.group_size} for this "
                              f"layer, got [{qw.out_features}, {qw.in_features}] group size {qw.group_size}")
-        tensors = qqq.pack(qw)
-        if bias is not None:
-            if self.bias is None:
-                raise ValueError("bias given but the layer was built without one (bias=False)")
-            if tuple(bias.shape) != (s.out_features,):
-                raise ValueError(f"bias: expected shape [{s.out_features}], got {tuple(bias.shape)}")
-            tensors["bias"] = bias.detach().to(torch.float16)
-        with torch.no_grad():
-            for name, value in tensors.items():
-                getattr(self, name).copy_(value)
-        self._runtime_key = None
+        self.write_checkpoint(qqq.pack(qw), bias)
 
     def load_affine(self, q: object, bias: torch.Tensor | None = None) -> None:
         """A symmetric 4-bit channelwise AffineWeight (zero 8) as per-channel QQQ; grouped QQQ needs ``load_qqq``."""

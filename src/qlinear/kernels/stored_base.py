@@ -38,16 +38,7 @@ class StoredTensorsLinear(QuantLinear):
     def load_tensors(self, tensors: dict[str, torch.Tensor], bias: torch.Tensor | None = None) -> None:
         """Fill the buffers from checkpoint-named tensors (validated first)."""
         self.validate_tensors(tensors)
-        with torch.no_grad():
-            for name, t in self.tensors().items():
-                t.copy_(tensors[name])
-            if bias is not None:
-                if self.bias is None:
-                    raise ValueError("bias given but the layer was built without one (bias=False)")
-                if tuple(bias.shape) != (self.out_features,):
-                    raise ValueError(f"bias: expected shape [{self.out_features}], got {list(bias.shape)}")
-                self.bias.copy_(bias)
-        self._runtime_key = None
+        self.write_checkpoint({name: tensors[name] for name in self.tensors()}, bias)
 
     def affine(self) -> object:
         raise ValueError(f"{self.FORM}, not integer-affine codes: no AffineWeight form")
