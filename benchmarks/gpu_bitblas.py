@@ -16,28 +16,20 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import sys
-import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_report import bf16_baseline, parser, run, say
+from gpu_report import parse as parse_args
+
 SHAPES = ((4096, 14336), (14336, 4096))
 MS = (1, 16, 64, 256)
 DEV = torch.device("cuda")
-LINES: list[str] = []
-
-
-def say(line: str = "") -> None:
-    print(line, flush=True)
-    LINES.append(line)
-
-
 def random_weight(n: int, k: int, bits: int, gs: int, sym: bool, gen: torch.Generator):
     from qlinear.affine import AffineWeight
 
@@ -112,8 +104,7 @@ def timing(args: argparse.Namespace) -> None:
     gen = torch.Generator().manual_seed(1)
     dgen = torch.Generator(device=DEV).manual_seed(1)
     for k, n in args.shapes:
-        wb = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16, generator=dgen) * 0.02
-              for _ in range(copies(n * k * 2))]
+        wb = bf16_baseline(k, n, dgen)
         first = bitblas_layer(random_weight(n, k, 4, 128, False, gen), "gptq", None)
         first.prepare()
         layers = [first]
@@ -123,7 +114,7 @@ def timing(args: argparse.Namespace) -> None:
             layers.append(c)
         for m in args.ms:
             x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=dgen)
-            tb = timed([lambda x, w=w: F.linear(x, w) for w in wb], x, args.reps)
+            tb = timed(wb, x, args.reps)
             tq = timed(layers, x, args.reps)
             say(f"| {k}x{n} | {m} | {tb:.1f} | {tq:.1f} | {tq / tb:.2f} |")
         del wb, layers, first
@@ -132,37 +123,18 @@ def timing(args: argparse.Namespace) -> None:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
-    p.add_argument("--ms", default=",".join(map(str, MS)))
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--no-check", action="store_true")
-    p.add_argument("--out", default=None, help="also write the report to this file")
-    args = p.parse_args(argv)
-    args.shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    args.ms = [int(v) for v in args.ms.split(",")]
-    return args
+    return parse_args(parser(__doc__, SHAPES, MS, reps=30), argv)
 
 
 def main(argv: list[str] | None = None) -> str:
     args = parse(argv)
-    t0 = time.time()
-    props = torch.cuda.get_device_properties(DEV)
-    import triton
 
-    say(f"# BitBLAS checkpoints on {props.name} (torch {torch.__version__}, triton {triton.__version__})")
-    say()
-    say(f"command: python benchmarks/gpu_bitblas.py {' '.join(argv if argv is not None else sys.argv[1:])}")
-    say()
-    if not args.no_check:
-        checks()
-    timing(args)
-    say(f"<!-- {time.time() - t0:.0f} s -->")
-    text = "\n".join(LINES) + "\n"
-    for dest in (args.out, os.path.join(os.environ["OUT"], "gpu_bitblas.md") if os.environ.get("OUT") else None):
-        if dest:
-            Path(dest).write_text(text)
-    return text
+    def body() -> None:
+        if not args.no_check:
+            checks()
+        timing(args)
+
+    return run("gpu_bitblas", "BitBLAS checkpoints", argv, args.out, body)
 
 
 if __name__ == "__main__":

@@ -21,13 +21,12 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_report import bf16_baseline, parser, run, say
 from gpu_report import parse as parse_args
-from gpu_report import parser, run, say
 
 SHAPES = ((4096, 14336), (14336, 4096))
 MS = (1, 16, 64, 256)
@@ -122,15 +121,14 @@ def timing(args: argparse.Namespace) -> None:
     gen = torch.Generator().manual_seed(1)
     ggen = torch.Generator(device=DEV).manual_seed(1)
     for k, n in args.shapes:
-        wb = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16, generator=ggen) * 0.02
-              for _ in range(copies(n * k * 2))]
+        wb = bf16_baseline(k, n, ggen)
         base_v2 = exv2_layer(ExllamaV2Linear, k, n, gen, True)
         base_x2 = exl2_layer(k, n, gen)
         v2 = [base_v2.to(DEV)] + [_clone(base_v2) for _ in range(copies(n * k // 2) - 1)]
         x2 = [base_x2.to(DEV), _clone(base_x2)]  # decode-bound: two copies, few replays
         for m in args.ms:
             x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=ggen)
-            tb = timed([lambda x, w=w: F.linear(x, w) for w in wb], x, args.reps)
+            tb = timed(wb, x, args.reps)
             cells = []
             for layers, reps in ((v2, args.reps), (x2, min(args.reps, 5))):
                 try:

@@ -23,13 +23,12 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_report import bf16_baseline, parser, run, say
 from gpu_report import parse as parse_args
-from gpu_report import parser, run, say
 
 SHAPES = ((4096, 14336), (14336, 4096))
 MS = (1, 4, 16, 64, 256)
@@ -105,8 +104,7 @@ def timing(args: argparse.Namespace) -> None:
     say("|---|---|---|" + "---|---|---|---|" * len(args.bits))
     gen = torch.Generator(device=DEV).manual_seed(0)
     for k, n in args.shapes:
-        wb = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16, generator=gen) * 0.02
-              for _ in range(copies(n * k * 2))]
+        wb = bf16_baseline(k, n, gen)
         runs = {}
         for bits in args.bits:
             s = Scheme(bits=bits, group_size=-1, in_features=k, out_features=n, method="exl3", format="exl3",
@@ -121,7 +119,7 @@ def timing(args: argparse.Namespace) -> None:
                            for m in mods])
         for m in args.ms:
             x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
-            tb = timed([lambda x, w=w: F.linear(x, w) for w in wb], x, args.reps)
+            tb = timed(wb, x, args.reps)
             cells = []
             for bits in args.bits:
                 tl_, tk = timed(runs[bits][0], x, args.reps), timed(runs[bits][1], x, args.reps)

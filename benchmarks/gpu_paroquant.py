@@ -25,13 +25,12 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_report import bf16_baseline, parser, run, say
 from gpu_report import parse as parse_args
-from gpu_report import parser, run, say
 
 SHAPES = ((4096, 14336), (14336, 4096))
 MS = (1, 16, 64, 256)
@@ -119,11 +118,10 @@ def timing(args: argparse.Namespace) -> None:
             twin = copy.deepcopy(base)
             twin._runtime_key = twin._current_key()  # same contents: the cloned runtime state is current
             layers.append(twin)
-        dense = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16, generator=dgen) * 0.02
-                 for _ in range(copies(n * k * 2))]
+        dense = bf16_baseline(k, n, dgen)
         for m in args.ms:
             x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=dgen)
-            tb = timed([lambda a, w=w: F.linear(a, w) for w in dense], x, args.reps)
+            tb = timed(dense, x, args.reps)
             tp = timed([lambda a, lay=lay: lay(a) for lay in layers], x, args.reps)
             tq = timed([lambda a, lay=lay: lay.matmul(a) for lay in layers], x, args.reps)
             tr = timed([lambda a, lay=lay: lay.rotate_input(a) for lay in layers], x, args.reps)

@@ -41,6 +41,18 @@ def parse(p: argparse.ArgumentParser, argv: list[str] | None, *int_lists: str) -
     return args
 
 
+def bf16_baseline(k: int, n: int, gen: torch.Generator) -> list[Callable[[torch.Tensor], torch.Tensor]]:
+    """The bf16 ``F.linear`` calls every format is timed against: one per dense weight copy, enough copies that
+    together they exceed L2 (``gpu_linear.copies``), so HBM is what is measured."""
+    import torch.nn.functional as F
+
+    from gpu_linear import copies
+
+    weights = [torch.randn(n, k, device=gen.device, dtype=torch.bfloat16, generator=gen) * 0.02
+               for _ in range(copies(n * k * 2))]
+    return [lambda x, w=w: F.linear(x, w) for w in weights]
+
+
 def run(name: str, title: str, argv: list[str] | None, out: str | None, body: Callable[[], object]) -> str:
     """Write the header, run ``body``, then the footer; save the report; return its text."""
     import triton

@@ -24,13 +24,12 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_report import bf16_baseline, parser, run, say
 from gpu_report import parse as parse_args
-from gpu_report import parser, run, say
 
 SHAPES = ((4096, 14336), (14336, 4096))
 MS = (1, 4, 16, 64, 256)
@@ -113,8 +112,7 @@ def timing(args: argparse.Namespace) -> None:
     say("|---|---|---|" + "---|---|" * len(args.configs))
     gen = torch.Generator(device=DEV).manual_seed(0)
     for k, n in args.shapes:
-        wb = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16, generator=gen) * 0.02
-              for _ in range(copies(n * k * 2))]
+        wb = bf16_baseline(k, n, gen)
         runs = {}
         for cfg in args.configs:
             one = random_layer(k, n, cfg, gen)
@@ -123,7 +121,7 @@ def timing(args: argparse.Namespace) -> None:
             runs[cfg] = [lambda x, lay=lay: lay.product(x) for lay in layers]
         for m in args.ms:
             x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
-            tb = timed([lambda x, w=w: F.linear(x, w) for w in wb], x, args.reps)
+            tb = timed(wb, x, args.reps)
             cells = []
             for cfg in args.configs:
                 tv = timed(runs[cfg], x, args.reps)
