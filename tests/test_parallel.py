@@ -287,9 +287,9 @@ def test_cli_run_tp2_relaunches_through_torchrun_and_prints_the_same_text(capfd:
         assert part in tp[-1]
 
 
-def test_qqq_cuts_by_columns_only_and_grouped_qqq_is_refused_with_the_reason() -> None:
+def test_qqq_cuts_by_columns_only_per_channel_and_grouped() -> None:
     """QQQ quantizes activations per token inside its product: column cuts are exact, row cuts are refused; a grouped
-    QQQ weight has no canonical form to cut."""
+    QQQ weight (no AffineWeight form) is cut on its own form, ``QQQWeight``."""
     from qlinear.parallel.shard import ShardError, shard
     from tests.test_qqq_kernels import layer_for, random_weight
 
@@ -300,8 +300,11 @@ def test_qqq_cuts_by_columns_only_and_grouped_qqq_is_refused_with_the_reason() -
     assert torch.equal(torch.cat([shard(layer, r, 2, "out").layer(x) for r in range(2)], -1), layer(x))
     with pytest.raises(ShardError, match="per token.*world sizes that work: \\[1\\]"):
         shard(layer, 0, 2, "in")
-    with pytest.raises(ShardError, match="no cut rule.*grouped QQQ"):
-        shard(layer_for(random_weight(128, 256, 128), torch.float16), 0, 2, "out")
+    grouped = layer_for(random_weight(128, 256, 128), torch.float16)
+    x = torch.randn(3, 256).half()
+    assert torch.equal(torch.cat([shard(grouped, r, 2, "out").layer(x) for r in range(2)], -1), grouped(x))
+    with pytest.raises(ShardError, match="per token.*world sizes that work: \\[1\\]"):
+        shard(grouped, 0, 2, "in")
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -17,6 +17,7 @@ from torch import nn
 from ..enums import BACKEND
 from ..kernels.base import QuantLinear
 from .shard import Shard, shard
+from .shard_stored import STORED_FORMATS
 
 
 def _world(group: dist.ProcessGroup | None) -> tuple[int, int]:
@@ -139,6 +140,9 @@ class RowParallelLinear(nn.Module):
         order = ("act-order: input features sorted by group (vLLM's Marlin order) so every rank holds whole groups "
                  "as a plain grouped layer; the shard gathers them from the whole input" if p.in_index is not None
                  else "contiguous input features")
+        if p.in_index is not None and p.layer.scheme.format in STORED_FORMATS:
+            order = ("the input features its stored rows hold, through the layout's permutation; the shard gathers "
+                     "them from the whole input")
         bias = "; bias added once after the all-reduce" if self.bias is not None else ""
         return "\n".join([f"RowParallelLinear rank {p.rank}/{p.world_size}: {p.note}; {order}; {feed}; "
                           f"all_reduce(sum) of the partial products{bias}", _local_explain(self.local)])

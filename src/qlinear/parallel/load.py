@@ -1,12 +1,13 @@
 """Tensor-parallel checkpoint loading: each rank reads only the bytes of its own slice of every module.
 
 A module's stored tensors are cut where the format's layout makes a rank's slice an even, contiguous piece of each
-axis (GPTQ v1/v2 and AWQ gemm words, compressed-tensors packed/unpacked integers and FP8/NVFP4/MXFP4): the axis
-sizes of the whole module's layout and of the shard's layout (``checkpoint_shapes`` of both schemes) say which
-axes shrink, and the rank reads piece ``rank`` of each. Reading goes through a memory map, so a column slice of a
-row-major ``[K/8, N]`` GPTQ ``qweight`` copies only its own columns: what a rank holds is ~1/world of the packed
-module. Layouts whose slices interleave (Marlin tiles, AWQ GEMV, planar GPTQ) and act-order row cuts (whose
-features are sorted by group first) read the whole module and cut it in memory (``Shard.note`` says so).
+axis (GPTQ v1/v2 and AWQ gemm words, planar GPTQ's 32-code blocks (its cut rule keeps them whole),
+compressed-tensors packed/unpacked integers and FP8/NVFP4/MXFP4): the axis sizes of the whole module's layout and
+of the shard's layout (``checkpoint_shapes`` of both schemes) say which axes shrink, and the rank reads piece
+``rank`` of each. Reading goes through a memory map, so a column slice of a row-major ``[K/8, N]`` GPTQ ``qweight``
+copies only its own columns: what a rank holds is ~1/world of the packed module. Layouts whose slices interleave
+(Marlin tiles, AWQ GEMV) and act-order row cuts (whose features are sorted by group first) read the whole module
+and cut it in memory (``Shard.note`` says so). GGUF files: ``load_gguf.py``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ LLAMA_DIMS: Mapping[str, str] = {"q_proj": "out", "k_proj": "out", "v_proj": "ou
                                  "up_proj": "out", "o_proj": "in", "down_proj": "in"}
 #: Formats whose stored slices are contiguous pieces of each axis, with the function giving their tensor shapes.
 SLICED: Mapping[FORMAT, Callable[[Scheme], Mapping[str, tuple[tuple[int, ...], object]]]] = {
-    FORMAT.GPTQ: gptq.checkpoint_shapes, FORMAT.GPTQ_V2: gptq.checkpoint_shapes, FORMAT.GEMM: awq.checkpoint_shapes,
+    FORMAT.GPTQ: gptq.checkpoint_shapes, FORMAT.GPTQ_V2: gptq.checkpoint_shapes, FORMAT.GPTQ_P: gptq.checkpoint_shapes,
+    FORMAT.GEMM: awq.checkpoint_shapes,
     **{f: ct_int.checkpoint_shapes for f in ct_int.INT_FORMATS},
     **{f: float_layouts.checkpoint_shapes for f in float_layouts.FLOAT_LAYOUT_FORMATS},
 }

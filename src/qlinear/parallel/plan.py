@@ -30,6 +30,7 @@ from ..model import set_submodule
 from ..spec import Scheme
 from .layers import ColumnParallelLinear, RowParallelLinear, _world
 from .shard import Shard, ShardError, check_cut, row_refusal
+from .shard_stored import reads_permuted_input
 
 #: (producers, consumer, the config's head counts or None) of a llama decoder block.
 LLAMA_PAIRS = ((("q_proj", "k_proj", "v_proj"), "o_proj", ("num_attention_heads", "num_key_value_heads")),
@@ -91,6 +92,9 @@ def llama_placements(schemes: Mapping[str, Scheme], config: object, world: int,
         reasons = [cuts(n, "out") for n in names] + [cuts(cname, "in"), _heads_split(config, heads, world)]
         if schemes[cname].desc_act:
             reasons.append(f"{cname} is act-order: it reads its input sorted by group, not a contiguous split")
+        elif reads_permuted_input(schemes[cname]):
+            reasons.append(f"{cname} ({schemes[cname].format.value}) reads its input through a stored permutation, "
+                           "not a contiguous split")
         why = "; ".join(r for r in reasons if r)
         for n in names:
             if n in schemes:

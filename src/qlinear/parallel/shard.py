@@ -1,8 +1,9 @@
 """Cut one qlinear layer into the slice a tensor-parallel rank holds, on the packed weight (codes stay codes).
 
 Column-parallel (``dim="out"``) keeps a range of output channels, row-parallel (``dim="in"``) a range of input
-features. The weight is cut in its canonical form (``AffineWeight``, ``FloatWeight``, ``BnbWeight``; GGUF: whole
-stored blocks) and re-encoded in the layer's own format, so the shard is an ordinary qlinear layer of a smaller
+features. The weight is cut in its canonical form (``AffineWeight``, ``FloatWeight``, ``BnbWeight``, ``MlxWeight``,
+``QQQWeight``; GGUF: whole stored blocks; EXL2 / EXL3 / VPTQ / ParoQuant: their stored tensors, ``shard_stored.py``)
+and re-encoded in the layer's own format, so the shard is an ordinary qlinear layer of a smaller
 shape: the selector picks its kernel and ``explain()`` works. ``cut_rule`` gives, per format, the unit a rank's
 share must be a multiple of; a cut that breaks a unit is refused with the world sizes that would work.
 
@@ -30,33 +31,21 @@ from ..kernels.base import QuantLinear
 from ..kernels.bnb_base import BnbQuantLinear
 from ..kernels.float_base import FloatQuantLinear
 from ..kernels.gguf_torch import GGUFQuantLinear
+from ..kernels.mlx_torch import MlxTorchLinear
+from ..kernels.qqq import QQQQuantLinear
 from ..layouts.gguf import type_info as gguf_type_info
+from ..layouts.mlx import MlxWeight
+from ..layouts.qqq import QQQWeight
 from ..select import NoKernelError, select
 from ..spec import Scheme
 from ..target import Target
+from .cut_rule import CutRule, ShardError, cuts_evenly, valid_world_sizes
+from .shard_stored import STORED_FORMATS, cut_stored, stored_rule
 
 DIMS = ("out", "in")
 #: Kernels that quantize their activations per token inside the product (W4A8, W4AFP8, LLM.int8's int8 matmul):
 #: on a row shard the per-token scale would come from a rank's features only, so they take column cuts only.
 PER_TOKEN_KERNELS = frozenset({BACKEND.QQQ, BACKEND.QQQ_TORCH, BACKEND.GPTQ_W4AFP8})
-
-
-class ShardError(ValueError):
-    """A layer that cannot be cut as asked; the message names the sizes and the world sizes that would work."""
-
-
-@dataclass(frozen=True)
-class CutRule:
-    """What a rank's share must be a multiple of, per dimension, and why (``0``: this dimension cannot be cut)."""
-
-    family: str
-    out_unit: int
-    in_unit: int
-    out_why: str
-    in_why: str
-
-    def unit(self, dim: str) -> tuple[int, str]:
-        return (self.out_unit, self.out_why) if dim == "out" else (self.in_unit, self.in_why)
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,6 +77,8 @@ def _word_unit(scheme: Scheme) -> int:
 
 def _format_rule(scheme: Scheme) -> CutRule:
     s = scheme
+    if s.format in STORED_FORMATS:
+        return stored_rule(s)
     n, k = s.out_features, s.in_features
     if s.method is METHOD.GGUF:
         info = gguf_type_info(s.qtype)
@@ -111,6 +102,8 @@ def _format_rule(scheme: Scheme) -> CutRule:
                            f"in_features {k} is not a multiple of the absmax block {bs}: blocks straddle rows")
         return CutRule(f"bitsandbytes {s.bnb_type}", 1, bs, "rows", f"whole absmax blocks of {bs} values")
     unit = _word_unit(s)
+    if s.format is FORMAT.GPTQ_P:  # planar: every 32 codes along a packed axis share their words across bit planes
+        unit = math.lcm(unit, 32)
     iu = unit if s.channelwise else math.lcm(unit, s.group_size)
     if s.format is FORMAT.QQQ:
         return CutRule("qqq", unit, 0, f"whole packed words ({unit} codes)", "QQQ (W4A8) quantizes activations per "
@@ -136,13 +129,6 @@ def cut_rule(scheme: Scheme) -> CutRule:
                    "(column-parallel works)")
 
 
-def valid_world_sizes(size: int, unit: int, limit: int = 64) -> list[int]:
-    """World sizes up to ``limit`` that split ``size`` evenly into multiples of ``unit``."""
-    if unit <= 0:
-        return [1]
-    return [w for w in range(1, min(size, limit) + 1) if size % w == 0 and (size // w) % unit == 0]
-
-
 def check_cut(scheme: Scheme, world_size: int, dim: str, what: str = "layer",
               kernel: type[QuantLinear] | None = None) -> tuple[int, int]:
     """``(whole size, per-rank size)`` along ``dim``, or ``ShardError`` with the valid world sizes (``what`` names
@@ -162,9 +148,11 @@ def check_cut(scheme: Scheme, world_size: int, dim: str, what: str = "layer",
     feat = "out_features" if dim == "out" else "in_features"
     if unit <= 0:
         raise ShardError(f"{what} ({rule.family}): cannot cut {feat}={size}: {why}; world sizes that work: [1]")
-    if size % world_size or (size // world_size) % unit:
+    points = rule.points(dim)
+    if not cuts_evenly(size, world_size, unit, points):
+        works = valid_world_sizes(size, unit, points=points)
         raise ShardError(f"{what} ({rule.family}): cannot cut {feat}={size} into {world_size} "
-                         f"equal shares of {why}; world sizes that work: {valid_world_sizes(size, unit)}")
+                         f"equal shares of {why}; world sizes that work: {works}")
     return size, size // world_size
 
 
@@ -208,7 +196,10 @@ def shard(layer: QuantLinear, rank: int, world_size: int, dim: str = "out",
     index, note = None, f"{'column' if dim == 'out' else 'row'}-parallel cut {rank}/{world_size}: " \
                         f"{'out' if dim == 'out' else 'in'} channels {lo}:{hi} of {size}"
     sch = shard_scheme(s, ns, ks)
-    if isinstance(layer, GGUFQuantLinear):
+    if s.format in STORED_FORMATS:
+        cut = cut_stored(layer, (o0, o1, i0, i1), backend, local_bias)
+        new, index, note = cut.layer, cut.in_index, f"{note}; {cut.note}"
+    elif isinstance(layer, GGUFQuantLinear):
         info = layer.type_info
         b0, b1 = i0 // info.block_size * info.type_size, -(-i1 // info.block_size) * info.type_size
         blocks = layer.qweight[o0:o1, b0:b1].contiguous()
@@ -230,6 +221,10 @@ def shard(layer: QuantLinear, rank: int, world_size: int, dim: str = "out",
             if w.nested is not None:
                 note += "; nested absmax stored decoded (float32 values, the same numbers)"
         new = _build(layer, sch, backend, dim, local_bias, lambda m, b: m.load_bnb(ws, b))
+    elif isinstance(layer, (MlxTorchLinear, QQQQuantLinear)):
+        new = _build(layer, sch, backend, dim, local_bias, _own_form_loader(layer, o0, o1, i0, i1))
+        if not torch.equal(new.dequantize(torch.float32), layer.dequantize(torch.float32)[o0:o1, i0:i1]):
+            raise ShardError(f"{type(layer).__name__}: the shard does not read back its slice of the whole weight")
     else:
         q = _affine(layer)
         if dim == "in" and q.desc_act:
@@ -245,6 +240,23 @@ def shard(layer: QuantLinear, rank: int, world_size: int, dim: str = "out",
                              "the cut codes, zeros and scales exactly; this layout cannot be cut losslessly")
     row_bias = bias.detach().clone() if (bias is not None and dim == "in") else None
     return Shard(new, dim, rank, world_size, (o0, o1), (i0, i1), index, row_bias, note)
+
+
+def _own_form_loader(layer: QuantLinear, o0: int, o1: int, i0: int, i1: int
+                     ) -> Callable[[QuantLinear, torch.Tensor | None], None]:
+    """Cut formats with a lossless form of their own that AffineWeight cannot hold: MLX (float biases, not integer
+    zero points) and QQQ (grouped: int8 rounding between two scales; column cuts only, its cut rule refuses rows)."""
+    if isinstance(layer, MlxTorchLinear):
+        w = layer.mlx_weight()
+        g0, g1 = i0 // w.group_size, -(-i1 // w.group_size)
+        wm = MlxWeight(w.codes[o0:o1, i0:i1].contiguous(), w.scales[o0:o1, g0:g1].contiguous(),
+                       w.biases[o0:o1, g0:g1].contiguous(), w.bits, w.group_size)
+        return lambda m, b: m.load_mlx(wm, b)
+    q = layer.qqq_weight()
+    gs = q.group_size if q.grouped else i1 - i0
+    wq = QQQWeight(q.codes[o0:o1, i0:i1].contiguous(), q.group_scales[o0:o1, i0 // gs:i1 // gs].contiguous()
+                   if q.grouped else q.group_scales[o0:o1], q.channel_scales[o0:o1].contiguous(), gs)
+    return lambda m, b: m.load_qqq(wq, b)
 
 
 def _affine(layer: QuantLinear) -> AffineWeight:
