@@ -5,29 +5,41 @@ which no kernel may do), TorchLinear, every CPU kernel (GPTQ and AWQ, 4-bit g128
 on the 8-bit quantization of the same weight) and the kernel AUTO picks for a GPTQ bfloat16 layer.
 Prints a Markdown table per shape: median milliseconds and speed-up vs dense bf16 / fp32 (>1 = faster),
 then the issue's targets. ``--crossover`` instead times each path per M: the int4pack / int8pack ops, decode +
-bf16 GEMM, and the three kernels of the native extra (the data behind ``cpu_int4.INT4PACK_MAX_M``,
-``native_int4.MV_MAX_M``, ``native_int4.CODES_MAX_M`` and ``cpu_int8.INT8PACK_MAX_M``).
+bf16 GEMM, and the four kernels of the native extra (the data behind ``cpu_int4.INT4PACK_MAX_M``,
+``native_int4.MV_MAX_M``, ``native_int4.CODES_MAX_M``, the no-AMX bounds and ``cpu_int8.INT8PACK_MAX_M``).
 
     python benchmarks/cpu_linear.py                 # full run: 3 shapes x M in 1, 4, 16, 64, 256
     python benchmarks/cpu_linear.py --quick         # one shape, few repetitions (smoke test)
     python benchmarks/cpu_linear.py --crossover     # op vs decode, M in 1..256, 4096x4096 and 4096x14336
+    python benchmarks/cpu_linear.py --no-amx --kernels AUTO   # as on an AVX512-BF16 CPU without AMX (issue 25)
+
+``--no-amx`` emulates such a CPU (Zen 4 class) on one with AMX: oneDNN is limited to
+AVX512-BF16 (``ONEDNN_MAX_CPU_ISA``, which oneDNN reads once, so it is set here before torch is imported;
+run as a script) and qlinear's native int4 routing told that AMX is absent (``native_int4.set_amx_allowed``).
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import platform
-import statistics
+import os
 import sys
-import time
-from collections.abc import Callable
 
-import torch
+#: oneDNN's instruction-set cap for ``--no-amx``: AVX512 with BF16 dot products, no AMX tiles.
+NO_AMX_ISA = "AVX512_CORE_BF16"
+if __name__ == "__main__" and "--no-amx" in sys.argv[1:]:
+    os.environ["ONEDNN_MAX_CPU_ISA"] = NO_AMX_ISA  # before torch (below) loads oneDNN
 
-from qlinear import QuantLinear, quantize_rtn
-from qlinear.kernels import cpu_int4, cpu_int8, native_int4
-from qlinear.layouts.int4pack import OP_GROUP_SIZES
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+
+import torch  # noqa: E402
+
+from qlinear import QuantLinear, quantize_rtn  # noqa: E402
+from qlinear.kernels import cpu_int4, cpu_int8, native_int4  # noqa: E402
+from qlinear.layouts.int4pack import OP_GROUP_SIZES  # noqa: E402
 
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))  # (in_features K, out_features N)
 MS = (1, 4, 16, 64, 256)
@@ -69,8 +81,10 @@ def median_ms(fn: Callable[[], object], reps: int, budget_s: float, least: int =
     return statistics.median(times) * 1e3
 
 
-def build(k: int, n: int, seed: int = 0) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    """Every contender for a ``[n, k]`` weight, as ``name -> fn(x_bf16)``."""
+def build(k: int, n: int, seed: int = 0, only: tuple[str, ...] = ()) -> dict[str, Callable[[torch.Tensor],
+                                                                                          torch.Tensor]]:
+    """Every contender for a ``[n, k]`` weight, as ``name -> fn(x_bf16)``; with ``only``, the dense ones and
+    the kernels whose label starts with one of those names."""
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=g) * 0.02
     q = {4: quantize_rtn(w, bits=4, group_size=128), 8: quantize_rtn(w, bits=8, group_size=128)}
@@ -80,6 +94,8 @@ def build(k: int, n: int, seed: int = 0) -> dict[str, Callable[[torch.Tensor], t
         "dense bf16": lambda x: x @ w16.t(),
     }
     for label, backend, fmt, bits in KERNELS:
+        if only and not label.startswith(only):
+            continue
         layer = QuantLinear.create(q[bits], format=fmt, backend=backend, dtype=torch.bfloat16)
         if backend == "auto":
             label = f"AUTO = {type(layer).__name__}"
@@ -105,12 +121,13 @@ def bytes_bound(k: int, n: int, gbs: float, bf16_ms: float, fp32_ms: float) -> s
             f"{fp32_ms / floor:.1f}x dense fp32 as measured")
 
 
-def run_table(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], reps: int, budget_s: float) -> str:
+def run_table(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], reps: int, budget_s: float,
+              only: tuple[str, ...] = ()) -> str:
     lines: list[str] = []
     notes: list[str] = []
     gbs = read_bandwidth_gbs()
     for k, n in shapes:
-        fns = build(k, n)
+        fns = build(k, n, only=only)
         times = {name: {} for name in fns}
         for m in ms:
             x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
@@ -124,12 +141,14 @@ def run_table(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], reps: in
                      f"{times['dense fp32'][m] / times[name][m]:.2f}x" for m in ms]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         four_bit = [nm for nm in fns if not nm.startswith(("dense", "TorchInt8", "AUTO"))]
-        auto = next(nm for nm in fns if nm.startswith("AUTO"))
-        if 1 in ms:
+        auto = next((nm for nm in fns if nm.startswith("AUTO")), None)
+        if 1 in ms and four_bit:
             best = min(four_bit, key=lambda nm: times[nm][1])
             notes.append(f"- {k}x{n} M=1: best 4-bit {best}: {times['dense bf16'][1] / times[best][1]:.2f}x dense "
                          f"bf16 (target >= 5), {times['dense fp32'][1] / times[best][1]:.2f}x dense fp32 "
                          f"(target >= 10); {bytes_bound(k, n, gbs, times['dense bf16'][1], times['dense fp32'][1])}")
+        if auto is None:
+            continue
         worst = min(ms, key=lambda m: times["dense bf16"][m] / times[auto][m])
         ratio = times["dense bf16"][worst] / times[auto][worst]
         notes.append(f"- {k}x{n} {auto}: worst M={worst} at {ratio:.2f}x dense bf16 "
@@ -149,7 +168,7 @@ def path_layers(k: int, n: int, group: int = 128) -> tuple[QuantLinear, QuantLin
 
 def time_paths(layers: tuple[QuantLinear, QuantLinear], m: int, reps: int, budget_s: float) -> list[float]:
     """ms of (int4pack op, 4-bit decode + GEMM, native int4_mv (M <= 8), int4_mm_codes, int4_mm_weights,
-    int8pack op, 8-bit decode + GEMM) for ``m`` rows; nan where a native kernel is not available."""
+    int4_mm_dp, int8pack op, 8-bit decode + GEMM) for ``m`` rows; nan where a native kernel is not available."""
     int4, int8 = layers
     x = torch.randn(m, int4.in_features, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
     out = []
@@ -164,8 +183,9 @@ def time_paths(layers: tuple[QuantLinear, QuantLinear], m: int, reps: int, budge
     try:
         group = int4._rt.group
         for kernel, ok in ((native_int4.Kernel.MV, m <= 8 and mod and mod.mv_available() and group % 16 == 0),
-                           (native_int4.Kernel.CODES, mod and mod.amx_available() and group % 32 == 0),
-                           (native_int4.Kernel.WEIGHTS, mod and mod.amx_available())):
+                           (native_int4.Kernel.CODES, mod and native_int4.amx_available(mod) and group % 32 == 0),
+                           (native_int4.Kernel.WEIGHTS, mod and native_int4.amx_available(mod)),
+                           (native_int4.Kernel.DP, mod and mod.mv_available())):
             native_int4.kernel_for = lambda *a, kernel=kernel: kernel
             out.append(median_ms(lambda: int4(x), reps, budget_s) if ok else float("nan"))
     finally:
@@ -200,24 +220,27 @@ def last_win(ms: tuple[int, ...], wins: list[bool]) -> int:
 def run_crossover(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], reps: int, budget_s: float,
                   group: int = 128) -> str:
     lines = ["| K x N | M | int4pack op ms | 4-bit decode + bf16 GEMM ms | native mv ms | native AMX codes ms | "
-             "native AMX weights ms | int8pack op ms | 8-bit decode + bf16 GEMM ms |", "|" + "---|" * 9]
-    found4, found8, mv, codes, lost = {}, {}, {}, {}, {}
+             "native AMX weights ms | native dp (no AMX) ms | int8pack op ms | 8-bit decode + bf16 GEMM ms |",
+             "|" + "---|" * 10]
+    found4, found8, mv, codes, lost, dp_vs_decode = {}, {}, {}, {}, {}, {}
     for k, n in shapes:
         layers = path_layers(k, n, group)
         rows = [time_paths(layers, m, reps, budget_s) for m in ms]
         lines += [f"| {k}x{n} | {m} | " + " | ".join(f"{t:.3g}" for t in r) + " |" for m, r in zip(ms, rows)]
         found4[(k, n)] = last_win(ms, [r[0] <= r[1] for r in rows])
-        mv[(k, n)] = last_win(ms, [r[2] <= nanmin(r[3:5]) for r in rows])
+        mv[(k, n)] = last_win(ms, [r[2] <= nanmin(r[3:6]) for r in rows])
         codes[(k, n)] = last_win(ms, [r[3] <= r[4] for r in rows])
         mv_vs_weights = last_win(ms, [r[2] <= r[4] for r in rows])
-        lines.append(f"| {k}x{n} | mv beat int4_mm_weights up to M={mv_vs_weights} | | | | | | | |")
-        lost[(k, n)] = [m for m, r in zip(ms, rows) if nanmin(r[2:5]) > min(r[:2])]
-        found8[(k, n)] = last_win(ms, [r[5] <= r[6] for r in rows])
+        dp_vs_decode[(k, n)] = last_win(ms, [not r[5] > r[1] for r in rows])  # nan (no dp) counts as a win
+        lines.append(f"| {k}x{n} | mv beat int4_mm_weights up to M={mv_vs_weights} | | | | | | | | |")
+        lost[(k, n)] = [m for m, r in zip(ms, rows) if nanmin(r[2:6]) > min(r[:2])]
+        found8[(k, n)] = last_win(ms, [r[6] <= r[7] for r in rows])
     native = cpu_int4.native_decoder() is not None
     table = cpu_int4.INT4PACK_MAX_M_NATIVE if native else cpu_int4.INT4PACK_MAX_M
     lines += ["", f"INT4PACK_MAX_M{'_NATIVE' if native else ''} = {found4} (in use: {table})",
               f"native_int4.MV_MAX_M: mv won up to {mv} (in use: {native_int4.MV_MAX_M})",
               f"native_int4.CODES_MAX_M: codes won up to {codes} (in use: {native_int4.CODES_MAX_M})",
+              f"native_int4.DP_MAX_M: dp beat decode + GEMM up to {dp_vs_decode} (in use: {native_int4.DP_MAX_M})",
               f"M where the best native kernel lost to the op or decode path: {lost}",
               f"INT8PACK_MAX_M = {found8} (in use: {cpu_int8.INT8PACK_MAX_M})"]
     return "\n".join(lines)
@@ -232,7 +255,14 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--ms", help="M values, comma separated")
     ap.add_argument("--reps", type=int, help="most timed calls per cell (default 50, --quick 5)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: timings are per core)")
+    ap.add_argument("--kernels", help="table: only the kernels whose labels start with these (comma separated, "
+                    "e.g. AUTO,TorchAtenLinear); the dense contenders always run")
+    ap.add_argument("--no-amx", action="store_true", help="as on an AVX512-BF16 CPU without AMX: oneDNN capped at "
+                    f"{NO_AMX_ISA} and qlinear's native int4 kernels routed without AMX (run as a script)")
     args = ap.parse_args(argv)
+    if args.no_amx and os.environ.get("ONEDNN_MAX_CPU_ISA") != NO_AMX_ISA:
+        raise SystemExit(f"--no-amx: expected ONEDNN_MAX_CPU_ISA={NO_AMX_ISA} set before torch loads oneDNN (run "
+                         f"benchmarks/cpu_linear.py as a script); found {os.environ.get('ONEDNN_MAX_CPU_ISA')!r}")
     torch.set_num_threads(args.threads)
     shapes = (tuple(tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")) if args.shapes
               else SHAPES[:1] if args.quick else SHAPES[:2] if args.crossover else SHAPES)
@@ -242,9 +272,15 @@ def main(argv: list[str] | None = None) -> str:
     head = [f"command: python benchmarks/cpu_linear.py {' '.join(argv if argv is not None else sys.argv[1:])}",
             f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; CPU: {cpu_name()}; "
             f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}); threads: {args.threads}; "
-            f"median of up to {reps} calls"]
-    body = (run_crossover(shapes, ms, reps, budget, args.group) if args.crossover
-            else run_table(shapes, ms, reps, budget))
+            f"median of up to {reps} calls; AMX: " + (f"off (--no-amx: oneDNN {NO_AMX_ISA}, native routing without "
+                                                       "AMX)" if args.no_amx else "as the CPU has it")]
+    only = tuple(args.kernels.split(",")) if args.kernels else ()
+    native_int4.set_amx_allowed(not args.no_amx)
+    try:
+        body = (run_crossover(shapes, ms, reps, budget, args.group) if args.crossover
+                else run_table(shapes, ms, reps, budget, only))
+    finally:
+        native_int4.set_amx_allowed(True)
     text = "\n".join(head) + "\n" + body
     print(text)
     return text

@@ -8,7 +8,8 @@ SRC = "src/qlinear_native/"
 COMMON = SRC + "cpu_common.h"  # helpers the four kernel extensions share (thread split, rounding, CPU checks)
 KERNEL = dict(extra_compile_args=FLAGS + OPENMP, extra_link_args=OPENMP)
 setup(ext_modules=[Extension("qlinear_native._decode", [SRC + "_decode.c"], extra_compile_args=FLAGS),
-                   Extension("qlinear_native._int4", [SRC + f for f in ("_int4.c", "int4_amx.c", "int4_mv.c")],
+                   Extension("qlinear_native._int4",
+                             [SRC + f for f in ("_int4.c", "int4_amx.c", "int4_mv.c", "int4_dp.c")],
                              depends=[SRC + "int4.h", COMMON], **KERNEL),
                    Extension("qlinear_native._blocks", [SRC + "_blocks.c", SRC + "blocks.c"],
                              depends=[SRC + "blocks.h", COMMON], **KERNEL),

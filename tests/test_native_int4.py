@@ -21,7 +21,8 @@ if mod is None:
 BF16 = torch.bfloat16
 TOL = 8e-3
 NUM_THREADS = torch.get_num_threads()
-RUNS = {Kernel.MV: mod.mv_available(), Kernel.CODES: mod.amx_available(), Kernel.WEIGHTS: mod.amx_available()}
+RUNS = {Kernel.MV: mod.mv_available(), Kernel.CODES: mod.amx_available(), Kernel.WEIGHTS: mod.amx_available(),
+        Kernel.DP: mod.mv_available()}
 
 
 def runnable(kernel: Kernel) -> None:
@@ -127,7 +128,7 @@ def test_strided_input_and_output_are_honoured() -> None:
     out = torch.full((m, n + 64), 7.0, dtype=BF16)
     for kernel in (kr for kr in Kernel if RUNS[kr]):
         fn = getattr(mod, kernel.value)
-        extra = (64, 64) if kernel is Kernel.WEIGHTS else ()
+        extra = (64, 64) if kernel in (Kernel.WEIGHTS, Kernel.DP) else ()
         out.fill_(7.0)
         fn(xw.data_ptr(), packed.data_ptr(), sz.data_ptr(), out.data_ptr(), m, k, n, group, k + 32, n + 64, 1, *extra)
         assert rel(out[:, :n], oracle(xw[:, :k], codes, sz, group)) < TOL
@@ -178,7 +179,6 @@ def test_explain_says_how_the_layer_runs(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "the int4pack op up to M=" in layer.choice.runs and "pip install ./native" in layer.choice.runs
     monkeypatch.setattr(native_int4, "_MODULE", None)
     monkeypatch.setattr(mod, "amx_available", lambda: False)  # an AVX512-BF16 CPU without AMX (e.g. Zen 4)
-    if RUNS[Kernel.MV]:
-        fallback = "the int4pack op up to M=16, decode + bfloat16 GEMM above"
-        assert native_int4.describe(128, fallback).startswith(f"native int4_mv at M=1, then {fallback}")
-        assert native_int4.kernel_for(2, 128, 64, 4096) is None
+    if RUNS[Kernel.MV]:  # the whole no-AMX routing: tests/test_native_int4_dp.py
+        assert native_int4.describe(128, "decode + bfloat16 GEMM").startswith("native int4_mv at M=1..2, ")
+        assert native_int4.kernel_for(3, 128, 64, 4096) is None  # the int4pack op

@@ -59,28 +59,29 @@ static int parse(PyObject *args, int4_args *a, const char *name, int ready, cons
         (const uint16_t *)(uintptr_t)(a).sz, (uint16_t *)(uintptr_t)(a).out, (a).ldo, (a).m, (a).k, (a).n, (a).group, \
         (a).threads
 
-typedef enum { MM_CODES, MM_WEIGHTS, MV } kernel_id;
+typedef enum { MM_CODES, MM_WEIGHTS, MV, MM_DP } kernel_id;
 
-/* One binding for the three kernels: parse and check, then run with the GIL released. */
+/* One binding for the four kernels: parse and check, then run with the GIL released. */
 static PyObject *run(PyObject *args, kernel_id id) {
-    static const char *names[] = {"int4_mm_codes", "int4_mm_weights", "int4_mv"};
+    static const char *names[] = {"int4_mm_codes", "int4_mm_weights", "int4_mv", "int4_mm_dp"};
     int4_args a;
     long long chunk[2] = {0, 0};
-    const int amx = id != MV;
+    const int amx = id == MM_CODES || id == MM_WEIGHTS, chunked = id == MM_WEIGHTS || id == MM_DP;
     if (!parse(args, &a, names[id], amx ? ql_amx_ready() : ql_mv_ready(),
                amx ? "AMX-BF16 tiles" : "AVX512-BF16 with AVX512-VBMI", id == MM_CODES ? 32 : id == MV ? 16 : 2,
-               chunk, id == MM_WEIGHTS ? 2 : 0))
+               chunk, chunked ? 2 : 0))
         return NULL;
-    if (id == MM_WEIGHTS && (chunk[0] <= 0 || chunk[0] % 64 || chunk[1] <= 0 || chunk[1] % 32)) {
-        PyErr_Format(PyExc_ValueError, "int4_mm_weights: expected ng %% 64 == 0 and kc %% 32 == 0, got ng=%lld kc=%lld",
+    if (chunked && (chunk[0] <= 0 || chunk[0] % 64 || chunk[1] <= 0 || chunk[1] % 32)) {
+        PyErr_Format(PyExc_ValueError, "%s: expected ng %% 64 == 0 and kc %% 32 == 0, got ng=%lld kc=%lld", names[id],
                      chunk[0], chunk[1]);
         return NULL;
     }
 #if QL_X86
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = id == MM_CODES ? ql_amx_mm_codes(PTRS(a))
+    rc = id == MM_CODES     ? ql_amx_mm_codes(PTRS(a))
          : id == MM_WEIGHTS ? ql_amx_mm_weights(PTRS(a), chunk[0], chunk[1])
+         : id == MM_DP      ? ql_dp_mm(PTRS(a), chunk[0], chunk[1])
                             : ql_mv(PTRS(a));
     Py_END_ALLOW_THREADS
     if (rc)
@@ -104,6 +105,11 @@ static PyObject *int4_mv(PyObject *self, PyObject *args) {
     return run(args, MV);
 }
 
+static PyObject *int4_mm_dp(PyObject *self, PyObject *args) {
+    (void)self;
+    return run(args, MM_DP);
+}
+
 static PyMethodDef methods[] = {
     {"amx_available", amx_available, METH_NOARGS, "True when this CPU and OS let the process use AMX-BF16 tiles"},
     {"mv_available", mv_available, METH_NOARGS, "True when this CPU has AVX512-BF16 and AVX512-VBMI"},
@@ -113,6 +119,9 @@ static PyMethodDef methods[] = {
      "int4_mm_weights" INT4_DOC ", ng, kc): the same with the weight decoded with its scales in ng x kc chunks"},
     {"int4_mv", int4_mv, METH_VARARGS,
      "int4_mv" INT4_DOC "): the same with AVX512-BF16 dot products, for one or two rows at a time"},
+    {"int4_mm_dp", int4_mm_dp, METH_VARARGS,
+     "int4_mm_dp" INT4_DOC ", ng, kc): AVX512-BF16 dot products without AMX, the weight decoded once in ng x kc "
+     "chunks (runs where int4_mv runs)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_int4", NULL, -1, methods, NULL, NULL, NULL, NULL};

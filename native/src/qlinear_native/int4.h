@@ -1,4 +1,4 @@
-/* Shared pieces of qlinear's native int4 kernels (int4_amx.c, int4_mv.c, _int4.c).
+/* Shared pieces of qlinear's native int4 kernels (int4_amx.c, int4_mv.c, int4_dp.c, _int4.c).
  *
  * Weight: torch's int4pack CPU bytes (_convert_weight_to_int4pack_for_cpu, AVX512 builds): blocks of 64
  * output channels, each [K][32] bytes; byte j holds channel j in its low nibble and channel j + 32 in its
@@ -63,6 +63,10 @@ int ql_amx_mm_weights(const uint16_t *x, int64_t ldx, const uint8_t *packed, con
 /* AVX512-BF16 GEMV for one or two rows (int4_mv.c). */
 int ql_mv(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out, int64_t ldo,
           int64_t m, int64_t k, int64_t n, int64_t group, int threads);
+/* AVX512-BF16 GEMM without AMX, the weight decoded once per call in ng x kc chunks (int4_dp.c); runs where
+ * ql_mv_ready(). */
+int ql_dp_mm(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out, int64_t ldo,
+             int64_t m, int64_t k, int64_t n, int64_t group, int threads, int64_t ng, int64_t kc);
 #endif
 
 /* 1 when this CPU and the OS let the kernels run; 0 elsewhere, including non-x86 builds. */

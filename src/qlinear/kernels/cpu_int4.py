@@ -4,8 +4,10 @@ One runtime (``Int4PackRuntime``) serves all six classes: ``prepare()`` builds i
 so GPTQ v1/v2 and AWQ checkpoints meet the same code. Each forward picks, from M (rows of the input):
 
 * with the optional native extra (``pip install ./native``) on a CPU it runs on: its kernels
-  (``native_int4``: AVX512-BF16 dot products for one or two rows, AMX tiles above; the weight decoded once
-  per call; faster than the op and than dense bfloat16 at every measured M),
+  (``native_int4``: AVX512-BF16 dot products for one or two rows, AMX tiles above, or AVX512-BF16 dot
+  products on the decoded weight where the CPU has no AMX; the weight decoded once per call; faster than the
+  op and than dense bfloat16 at every measured M, except that without AMX the op keeps a few small M where it
+  measured faster: ``native_int4.OP_MAX_M_WITHOUT_AMX``),
 * small M: ``_weight_int4pack_mm_for_cpu`` (bfloat16; reads the 4-bit weight once per call),
 * large M (above ``INT4PACK_MAX_M``, measured): decode a tile of output channels (about 1 MiB) to
   bfloat16 ``s * (q - 8)`` from the same packed bytes and run a bfloat16 GEMM (AMX on this CPU); the
@@ -214,7 +216,7 @@ class Int4PackMixin:
         if not native_int4.native_int4():
             op_max = int4pack_max_m(s.in_features, s.out_features)
             return native_int4.describe(group, f"the int4pack op up to M={op_max}, decode + bfloat16 GEMM above")
-        return native_int4.describe(group, "decode + bfloat16 GEMM", native_to=native_int4.WEIGHTS_MAX_M)
+        return native_int4.describe(group, "decode + bfloat16 GEMM", native_to=native_int4.native_max_m())
 
     def prepare(self) -> None:
         self._rt = build_runtime(self)
@@ -222,7 +224,7 @@ class Int4PackMixin:
 
     def path(self, m: int, grad: bool) -> Path:
         """The path for ``m`` rows: the native extra where one of its kernels runs (up to ``native_int4.
-        WEIGHTS_MAX_M``), else the op up to its measured crossover, else decode + GEMM (also for gradients,
+        native_max_m()``), else the op up to its measured crossover, else decode + GEMM (also for gradients,
         which neither the op nor the extra has)."""
         rt = self._rt
         if grad:
@@ -230,7 +232,7 @@ class Int4PackMixin:
                 raise RuntimeError(f"{type(self).__name__}: gradients need the decode path, and this torch build "
                                    "packs int4 in a layout it cannot read; use backend gptq_torch / awq_torch")
             return Path.DECODE
-        if m <= native_int4.WEIGHTS_MAX_M and native_int4.kernel_for(m, rt.group, rt.block, rt.k_pad) is not None:
+        if m <= native_int4.native_max_m() and native_int4.kernel_for(m, rt.group, rt.block, rt.k_pad) is not None:
             return Path.NATIVE
         if rt.op and (not rt.block or m <= int4pack_max_m(self.in_features, self.out_features)):
             return Path.OP

@@ -28,6 +28,7 @@ from ..enums import DEVICE
 from ..floats import Element
 from ..layouts import float_layouts
 from ..target import Target
+from . import native_int4
 
 if TYPE_CHECKING:
     from .float_base import FloatQuantLinear
@@ -84,7 +85,7 @@ def linear(layer: FloatQuantLinear, x2: torch.Tensor) -> torch.Tensor | None:
     m, k, n = x2.shape[0], s.in_features, s.out_features
     x = x2 if x2.stride(-1) == 1 else x2.contiguous()
     out = torch.empty(m, n, dtype=torch.bfloat16)
-    kind = "mv" if m <= MV_MAX_M or not mod.amx_available() else "mm"
+    kind = "mv" if m <= MV_MAX_M or not native_int4.amx_available(mod) else "mm"
     threads = torch.get_num_threads()
     if s.element is Element.E2M1:
         glob = getattr(layer, "weight_global_scale", None)
@@ -114,5 +115,5 @@ def describe(problem: Problem, target: Target) -> str:
     if mod is None or not mod.available():
         return (f"exact tiles decoded per forward; {INSTALL} runs the stored codes directly (2.7x-3.3x dense "
                 "bf16 at M=1)")
-    amx = "AMX tiles above M=2" if mod.amx_available() else "AVX-512 at every M (no AMX here)"
+    amx = "AMX tiles above M=2" if native_int4.amx_available(mod) else "AVX-512 at every M (no AMX here)"
     return f"native extra: AVX-512 FMAs on the stored codes up to M={MV_MAX_M}, {amx}"

@@ -23,6 +23,8 @@ from types import ModuleType
 
 import torch
 
+from . import native_int4
+
 INSTALL = "pip install ./native (qlinear's native extra, built for this CPU)"
 #: Largest M for ``lut4_mv`` with bfloat16 activations where AMX runs the rest. Measured one thread, NF4 block
 #: 64 (``benchmarks/results/cpu_bnb_2026-12-04.md``, section 2), lut4_mv vs lut4_mm ms: 4096x14336 M=3 5.61 vs
@@ -73,7 +75,7 @@ def max_m(dtype: torch.dtype) -> int:
         return 0
     if dtype == torch.float32:
         return FP32_MAX_M
-    return MM_MAX_M if mod.amx_available() else MV_MAX_M_WITHOUT_AMX
+    return MM_MAX_M if native_int4.amx_available(mod) else MV_MAX_M_WITHOUT_AMX
 
 
 def kernel_for(m: int, dtype: torch.dtype) -> str | None:
@@ -81,8 +83,8 @@ def kernel_for(m: int, dtype: torch.dtype) -> str | None:
     if m < 1 or m > max_m(dtype):
         return None
     mod = module()
-    return "lut4_mm" if dtype == torch.bfloat16 and m > MV_MAX_M and mod is not None and mod.amx_available() \
-        else "lut4_mv"
+    amx = mod is not None and native_int4.amx_available(mod)
+    return "lut4_mm" if dtype == torch.bfloat16 and m > MV_MAX_M and amx else "lut4_mv"
 
 
 def _check(x2: torch.Tensor, codes: torch.Tensor, absmax: torch.Tensor, table: torch.Tensor, block: int) -> None:
@@ -135,7 +137,7 @@ def describe(k: int, block: int, dtype: torch.dtype, m: int | None = None) -> st
     if why:
         return f"native LUT4 kernels: no ({why})"
     mod = module()
-    amx = mod is not None and mod.amx_available()
+    amx = mod is not None and native_int4.amx_available(mod)
     top = max_m(dtype)
     if m is not None:
         kernel = kernel_for(m, dtype)
