@@ -1,0 +1,94 @@
+"""Offline sm_90 SASS of the EXL3 fused decode GEMV at its M = 1 launch config (no GPU needed).
+
+    PYTHONPATH=src python benchmarks/exl3_sass.py [--bits 2 3 4]
+
+Counts, per (bits, codebook), the instructions and global loads inside the main K loop (the longest backward
+branch), divided by the weights one thread decodes per loop trip (BK * BN / threads), plus registers and spills.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+
+from qlinear.kernels.triton import exl3_mv
+
+_MV = {"x_ptr": "*fp16", "tr_ptr": "*i16", "y_ptr": "*fp32"}
+_LINE = re.compile(r"\t(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+_LABEL = re.compile(r"^\s*(LBB\d+):")
+_BRA = re.compile(r"\bBRA\s+(LBB\d+)")
+
+
+def k_loop(sass: str) -> list[str]:
+    """Opcodes of the longest loop body (label .. backward BRA) in Triton's SASS (ctrl<TAB>OP lines, LBBn: labels)."""
+    ops: list[str] = []
+    labels: dict[str, int] = {}
+    branches: list[tuple[int, str]] = []
+    for line in sass.splitlines():
+        lab = _LABEL.match(line)
+        if lab:
+            labels[lab.group(1)] = len(ops)
+            continue
+        m = _LINE.search(line)
+        if not m:
+            continue
+        b = _BRA.search(line)
+        if b:
+            branches.append((len(ops), b.group(1)))
+        ops.append(m.group(2))
+    spans = [(labels[t], i) for i, t in branches if t in labels and labels[t] <= i]
+    if not spans:
+        return []
+    start, end = max(spans, key=lambda s: s[1] - s[0])
+    return ops[start:end + 1]
+
+
+def registers(cubin: bytes) -> str:
+    """Registers per thread from the bundled cuobjdump's resource usage ('?' if unavailable)."""
+    from triton import knobs
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+        fh.write(cubin)
+        fh.flush()
+        try:
+            out = subprocess.run([knobs.nvidia.cuobjdump.path, "--dump-resource-usage", fh.name],
+                                 capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            return "?"
+    found = re.search(r"REG:(\d+)", out)
+    return found.group(1) if found else "?"
+
+
+def main() -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.tools.disasm import get_sass
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bits", type=int, nargs="+", default=[2, 3, 4])
+    args = parser.parse_args()
+    bk, bn, warps = exl3_mv.BLOCK_K, exl3_mv.BLOCK_N, 4
+    per_thread = bk * bn / (32 * warps)
+    kernel = exl3_mv.exl3_mv_kernel
+    print(f"exl3_mv_kernel sm_90, BM=16 BK={bk} BN={bn} {warps} warps, {per_thread:.0f} weights/thread/trip")
+    print("bits codebook  regs spills loop_instr instr/weight LDG/weight")
+    for bits in args.bits:
+        for cb, name in enumerate(exl3_mv.CODEBOOKS):
+            consts = dict(BITS=bits, CB=cb, BM=16, BK=bk, BN=bn, ATOMIC=True)
+            sig = {a: "constexpr" if a in consts else _MV.get(a, "i32") for a in kernel.arg_names}
+            c = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": warps})
+            sass = get_sass(c.asm["cubin"])
+            loop = k_loop(sass)
+            spills = len(re.findall(r"\bSTL\b", sass))
+            ldg = sum(op.startswith("LDG") for op in loop)
+            print(f"{bits:4d} {name:9s} {registers(c.asm['cubin']):>5s} {spills:6d} {len(loop):10d} "
+                  f"{len(loop) / per_thread:12.2f} {ldg / per_thread:10.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
