@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import torch
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -15,6 +17,7 @@ def load(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -67,3 +70,14 @@ def test_cpu_formats_table() -> None:
     for needle in ("| 512x256 | dense bf16 | F.linear |", "| MlxTorchLinear |", "| VPTQLinear |",
                    "| ExllamaV3TorchLinear |", "| Exl2TorchLinear |", "| ParoLinear |"):
         assert needle in text, needle
+
+
+def test_e2e_decoder_small_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    """The end-to-end decoder's model code on a 2-layer toy: every variant's layers match float64 of their own
+    weights (exit status 0) and the table has a row per variant."""
+    rc = load("e2e_decoder").main(["--small", "--device", "cpu", "--variants", "bf16,gptq4,q4_k", "--reps", "2",
+                                   "--ctx", "16", "--prefill", "32", "--batches", "1,2"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    for row in ("| bf16 nn.Linear | ", "| GPTQ 4-bit g128 (AUTO) | ", "| GGUF Q4_K (AUTO) | "):
+        assert row in out, out
