@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
-import tempfile
 
 from qlinear.kernels.triton import exl3_mv
+from sass_offline import registers  # the bundled cuobjdump's register count
 
 _MV = {"x_ptr": "*fp16", "tr_ptr": "*i16", "y_ptr": "*fp32"}
 _LINE = re.compile(r"\t(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
@@ -44,22 +43,6 @@ def k_loop(sass: str) -> list[str]:
         return []
     start, end = max(spans, key=lambda s: s[1] - s[0])
     return ops[start:end + 1]
-
-
-def registers(cubin: bytes) -> str:
-    """Registers per thread from the bundled cuobjdump's resource usage ('?' if unavailable)."""
-    from triton import knobs
-
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
-        fh.write(cubin)
-        fh.flush()
-        try:
-            out = subprocess.run([knobs.nvidia.cuobjdump.path, "--dump-resource-usage", fh.name],
-                                 capture_output=True, text=True, check=True).stdout
-        except (OSError, subprocess.CalledProcessError):
-            return "?"
-    found = re.search(r"REG:(\d+)", out)
-    return found.group(1) if found else "?"
 
 
 def main() -> None:
