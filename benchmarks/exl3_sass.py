@@ -1,9 +1,10 @@
 """Offline sm_90 SASS of the EXL3 fused decode GEMV at its M = 1 launch config (no GPU needed).
 
-    PYTHONPATH=src python benchmarks/exl3_sass.py [--bits 2 3 4]
+    PYTHONPATH=src python benchmarks/exl3_sass.py [--bits 2 3 4] [--gemv [--tiles-n 32]]
 
 Counts, per (bits, codebook), the instructions and global loads inside the main K loop (the longest backward
-branch), divided by the weights one thread decodes per loop trip (BK * BN / threads), plus registers and spills.
+branch), divided by the weights one thread decodes per loop trip (BK * BN / threads; for ``--gemv``, the M = 1
+kernel of ``exl3_gemv.py``: 256 tiles-n / threads), plus registers and spills.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import argparse
 import re
 import sys
 
-from qlinear.kernels.triton import exl3_mv
+from qlinear.kernels.triton import exl3_gemv, exl3_mv
 from sass_offline import registers  # the bundled cuobjdump's register count
 
 _MV = {"x_ptr": "*fp16", "tr_ptr": "*i16", "y_ptr": "*fp32"}
+_GEMV = {"x_ptr": "*i32", "u_ptr": "*i32", "y_ptr": "*fp32"}
 _LINE = re.compile(r"\t(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 _LABEL = re.compile(r"^\s*(LBB\d+):")
 _BRA = re.compile(r"\bBRA\s+(LBB\d+)")
@@ -53,16 +55,25 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bits", type=int, nargs="+", default=[2, 3, 4])
+    parser.add_argument("--gemv", action="store_true", help="the M = 1 kernel (exl3_gemv.py)")
+    parser.add_argument("--tiles-n", type=int, default=exl3_gemv.TILES_N)
     args = parser.parse_args()
-    bk, bn, warps = exl3_mv.BLOCK_K, exl3_mv.BLOCK_N, 4
-    per_thread = bk * bn / (32 * warps)
-    kernel = exl3_mv.exl3_mv_kernel
-    print(f"exl3_mv_kernel sm_90, BM=16 BK={bk} BN={bn} {warps} warps, {per_thread:.0f} weights/thread/trip")
+    warps = 4
+    if args.gemv:
+        kernel, ptrs, per_thread = exl3_gemv.exl3_gemv_kernel, _GEMV, 256 * args.tiles_n / (32 * warps)
+        print(f"exl3_gemv_kernel sm_90, NTN={args.tiles_n} {warps} warps, {per_thread:.0f} weights/thread/trip")
+    else:
+        bk, bn = exl3_mv.BLOCK_K, exl3_mv.BLOCK_N
+        kernel, ptrs, per_thread = exl3_mv.exl3_mv_kernel, _MV, bk * bn / (32 * warps)
+        print(f"exl3_mv_kernel sm_90, BM=16 BK={bk} BN={bn} {warps} warps, {per_thread:.0f} weights/thread/trip")
     print("bits codebook  regs spills loop_instr instr/weight LDG/weight")
     for bits in args.bits:
         for cb, name in enumerate(exl3_mv.CODEBOOKS):
-            consts = dict(BITS=bits, CB=cb, BM=16, BK=bk, BN=bn, ATOMIC=True)
-            sig = {a: "constexpr" if a in consts else _MV.get(a, "i32") for a in kernel.arg_names}
+            if args.gemv:
+                consts = dict(BITS=bits, CB=cb, NTN=args.tiles_n, TWO_WORDS=exl3_gemv.two_words(bits), ATOMIC=True)
+            else:
+                consts = dict(BITS=bits, CB=cb, BM=16, BK=bk, BN=bn, ATOMIC=True)
+            sig = {a: "constexpr" if a in consts else ptrs.get(a, "i32") for a in kernel.arg_names}
             c = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                                options={"num_warps": warps})
             sass = get_sass(c.asm["cubin"])

@@ -103,6 +103,8 @@ def timing(args: argparse.Namespace) -> None:
     say(f"| K x N | M | bf16 | {cols} |")
     say("|---|---|---|" + "---|---|---|---|" * len(args.bits))
     gen = torch.Generator(device=DEV).manual_seed(0)
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    gemv_vs_block: list[str] = []
     for k, n in args.shapes:
         wb = bf16_baseline(k, n, gen)
         runs = {}
@@ -116,6 +118,8 @@ def timing(args: argparse.Namespace) -> None:
                 mods.append(layer)
             runs[bits] = ([lambda x, m=m: m(x) for m in mods],
                           [lambda x, m=m, b=bits: exl3_mv.inner_product(x.half(), m.trellis, b, "3inst")
+                           for m in mods],
+                          [lambda x, m=m, b=bits: exl3_mv.fused_product(x.half(), m.trellis, b, "3inst", sms)
                            for m in mods])
         for m in args.ms:
             x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
@@ -125,9 +129,21 @@ def timing(args: argparse.Namespace) -> None:
                 tl_, tk = timed(runs[bits][0], x, args.reps), timed(runs[bits][1], x, args.reps)
                 cells.append(f"{tl_:.1f} | {tl_ / tb:.2f} | {tk:.1f} | {tk / tb:.2f}")
             say(f"| {k}x{n} | {m} | {tb:.1f} | " + " | ".join(cells) + " |")
+            if m == 1:  # the lane-wise GEMV (what inner_product runs at M = 1) against the block decode + tl.dot
+                block = [timed(runs[bits][2], x, args.reps) for bits in args.bits]
+                gemv_vs_block.append(f"| {k}x{n} | " + " | ".join(f"{t:.1f}" for t in block) + " |")
         del wb, runs
         torch.cuda.empty_cache()
     say()
+    if gemv_vs_block:
+        say("M = 1 through the block decode + tl.dot kernel (`exl3_mv.fused_product`), us, for comparison with the "
+            "kernel columns above (the lane-wise GEMV):")
+        say()
+        say("| K x N | " + " | ".join(f"{b}-bit block kernel" for b in args.bits) + " |")
+        say("|---|" + "---|" * len(args.bits))
+        for line in gemv_vs_block:
+            say(line)
+        say()
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 #: case -> (kernel name, constexprs, pointer types)
 _MV = {"x_ptr": "*fp16", "tr_ptr": "*i16", "y_ptr": "*fp32"}
+_GEMV = {"x_ptr": "*i32", "u_ptr": "*i32", "y_ptr": "*fp32"}
 CASES = {
     "mv-2bit-3inst-atomic": ("exl3_mv_kernel", dict(BITS=2, CB=0, BM=16, BK=64, BN=64, ATOMIC=True), _MV),
     "mv-3bit-mcg": ("exl3_mv_kernel", dict(BITS=3, CB=1, BM=16, BK=32, BN=128, ATOMIC=False), _MV),
     "mv-5bit-mul1-atomic": ("exl3_mv_kernel", dict(BITS=5, CB=2, BM=16, BK=32, BN=128, ATOMIC=True), _MV),
     "decode-4bit-mul1": ("exl3_decode_kernel", dict(BITS=4, CB=2, BK=64, BN=64), {"tr_ptr": "*i16", "w_ptr": "*fp16"}),
+    "gemv-4bit-3inst-atomic": ("exl3_gemv_kernel", dict(BITS=4, CB=0, NTN=32, TWO_WORDS=True, ATOMIC=True), _GEMV),
+    "gemv-6bit-mul1": ("exl3_gemv_kernel", dict(BITS=6, CB=2, NTN=8, TWO_WORDS=False, ATOMIC=False), _GEMV),
     "had-in-bf16": ("had_in_kernel", dict(BM=16), {"x_ptr": "*bf16", "s_ptr": "*fp32", "h_ptr": "*fp32",
                                                    "o_ptr": "*fp16"}),
     "had-out-bias": ("had_out_kernel", dict(HAS_BIAS=True, BM=16), {"y_ptr": "*fp32", "s_ptr": "*fp32",
@@ -27,10 +30,10 @@ def main() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from qlinear.kernels.triton import exl3_mv
+    from qlinear.kernels.triton import exl3_gemv, exl3_mv
 
     for name, (kernel_name, consts, ptrs) in CASES.items():
-        kernel = getattr(exl3_mv, kernel_name)
+        kernel = getattr(exl3_gemv if kernel_name.startswith("exl3_gemv") else exl3_mv, kernel_name)
         sig = {a: "constexpr" if a in consts else ptrs.get(a, "i32") for a in kernel.arg_names}
         try:
             compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),

@@ -1,7 +1,8 @@
 """The EXL3 Triton kernels (``kernels/triton/exl3_mv.py``) in Triton's CPU interpreter: the decode pass gives the
 Torch layout's float16 inner weight bit for bit (every codebook, widths 1..8); the fused GEMM (split-K with
 atomics and without, M past one 16-row block) equals ``xh @ inner`` up to float32 summation order (above
-``FUSED_MAX_M``: the decoded weight times ``xh`` in float16, float16 output, within 1e-3); the layer's
+``FUSED_MAX_M``: the decoded weight times ``xh`` in float16, float16 output, within 1e-3), and so does the M = 1
+GEMV (``exl3_gemv.py``) at every width and codebook; the layer's
 ``ExllamaV3Linear.forward`` (input transform, product, output transform, all Triton) equals ``ExllamaV3TorchLinear``
 up to the float16 rounding of the transformed input that the Triton path applies, as exllamav3 does.
 
@@ -47,6 +48,24 @@ def test_decode_is_bit_exact(mv, bits: int, cb: str) -> None:
     tr = trellis(128, 256, bits, seed=bits)
     ours = mv.decode_inner(tr, bits, cb)
     assert torch.equal(ours.view(torch.int16), exl3.inner_weight(tr, bits, exl3.codebook_table(cb)).view(torch.int16))
+
+
+@pytest.mark.parametrize(("bits", "cb"), [(1, "3inst"), (2, "mcg"), (3, "mul1"), (4, "3inst"), (5, "mcg"),
+                                          (6, "mul1"), (7, "mcg"), (8, "3inst")])
+def test_gemv_matches_float64(mv, bits: int, cb: str) -> None:
+    """The M = 1 path (``exl3_gemv.py``): two- and three-word windows, split K with atomics and not, fewer n tiles
+    than one program's 32, and an input row at an odd float16 offset (copied for the int32 view)."""
+    from qlinear.kernels.triton import exl3_gemv
+
+    tr = trellis(256, 384, bits, seed=10 + bits)
+    ref_w = exl3.inner_weight(tr, bits, exl3.codebook_table(cb)).double()
+    base = torch.randn(257, generator=torch.Generator().manual_seed(bits)).half()
+    for xh, sms in ((base[:256].view(1, 256), 64), (base[1:].view(1, 256), 1)):
+        assert exl3_gemv.two_words(bits) == (bits <= 4)
+        y = exl3_gemv.gemv_product(xh, tr, bits, cb, sms=sms, tiles_n=32 if sms > 1 else 8)
+        ref = xh.double() @ ref_w
+        assert y.dtype == torch.float32 and y.shape == (1, 384)
+        torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
 
 
 @pytest.mark.parametrize(("m", "sms"), [(1, 4), (5, 1), (20, 2), (40, 4)])

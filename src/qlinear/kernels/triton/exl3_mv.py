@@ -1,4 +1,5 @@
-"""EXL3 trellis decode in Triton: a fused decode GEMM for small M and a decode-to-float16 pass for large M.
+"""EXL3 trellis decode in Triton: a fused decode GEMM for small M and a decode-to-float16 pass for large M (one row
+goes to the lane-wise GEMV of ``exl3_gemv.py``, which ``inner_product`` routes to).
 
 Both decode a ``[BK, BN]`` block of the inner weight straight from the int16 trellis (``layouts/exl3.py``): for the
 weight at tile row ``r`` / column ``c`` the stream position ``t`` follows from the mma fragment order, its state is
@@ -15,9 +16,8 @@ import triton
 import triton.language as tl
 
 from ...layouts.exl3 import CODEBOOKS
-
-_K_INV = tl.constexpr(0.00676727294921875)  # float16 0x1EEE
-_K_BIAS = tl.constexpr(-10.3828125)  # float16 0xC931
+from .exl3_codebook import codebook_value
+from .exl3_gemv import gemv_product
 
 
 @triton.jit
@@ -41,18 +41,7 @@ def _decode(tr_ptr, off0, off1, shift, CB: tl.constexpr):
     """float16 values of the states at ``tr_ptr + off0`` / ``off1`` (see ``_block_offsets``)."""
     w0 = tl.load(tr_ptr + off0).to(tl.uint16, bitcast=True).to(tl.uint32)
     w1 = tl.load(tr_ptr + off1).to(tl.uint16, bitcast=True).to(tl.uint32)
-    state = (((w0 << 16) | w1) >> shift) & 0xFFFF
-    if CB == 2:  # mul1: the float32 product is exact, so one rounding as __hfma
-        x = state * 0x83DCD12D
-        total = (x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)
-        val = ((total + 1024).to(tl.float32) * _K_INV + _K_BIAS).to(tl.float16)
-    else:
-        x = state * 89226354 + 64248484 if CB == 0 else state * 0xCBAC1FED  # 3inst / mcg
-        x = (x & 0x8FFF8FFF) ^ 0x3B603B60
-        lo = (x & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
-        hi = (x >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
-        val = lo + hi  # float16 add: the exact sum rounded once, as __hadd
-    return val
+    return codebook_value((((w0 << 16) | w1) >> shift) & 0xFFFF, CB)
 
 
 @triton.jit
@@ -178,20 +167,30 @@ def decode_inner(trellis: torch.Tensor, bits: int, codebook: str) -> torch.Tenso
 
 def inner_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str,
                   sms: int | None = None) -> torch.Tensor:
-    """float32 ``xh [M, K] @ inner [K, N]`` with ``xh`` float16 contiguous (``sms``: SM count for the split)."""
+    """float32 ``xh [M, K] @ inner [K, N]`` with ``xh`` float16 contiguous (``sms``: SM count for the split): one row
+    through the lane-wise GEMV (``exl3_gemv.py``), up to ``FUSED_MAX_M`` rows through the block decode and
+    ``tl.dot``, more by decoding the weight once and one float16 matmul."""
     check_trellis(trellis, bits, codebook)
     if xh.dtype != torch.float16 or xh.dim() != 2 or xh.shape[1] != 16 * trellis.shape[0] or xh.stride(1) != 1:
         raise ValueError(f"exl3_mv: xh: expected float16 [M, {16 * trellis.shape[0]}] with unit column stride, "
                          f"found {xh.dtype} {list(xh.shape)}")
+    m = xh.shape[0]
+    if m > FUSED_MAX_M:
+        return (xh @ decode_inner(trellis, bits, codebook)).float()
+    if sms is None:
+        sms = torch.cuda.get_device_properties(xh.device).multi_processor_count if xh.is_cuda else 4
+    if m == 1:
+        return gemv_product(xh, trellis, bits, codebook, sms)
+    return fused_product(xh, trellis, bits, codebook, sms)
+
+
+def fused_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str, sms: int) -> torch.Tensor:
+    """``inner_product`` through the block decode and ``tl.dot`` (any M; served up to ``FUSED_MAX_M``)."""
     m, k = xh.shape
     nt = trellis.shape[1]
     n = 16 * nt
     cb = CODEBOOKS.index(codebook)
-    if m > FUSED_MAX_M:
-        return (xh @ decode_inner(trellis, bits, codebook)).float()
     bk, bn, bm = _block(k, BLOCK_K), _block(n, BLOCK_N), 16
-    if sms is None:
-        sms = torch.cuda.get_device_properties(xh.device).multi_processor_count if xh.is_cuda else 4
     blocks = (n // bn) * -(-m // bm)
     split = 1
     while blocks * split < 4 * sms and k // (bk * split * 2) >= 2 and (k // bk) % (split * 2) == 0:

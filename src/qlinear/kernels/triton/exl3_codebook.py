@@ -1,0 +1,29 @@
+"""EXL3 codebooks in Triton: a 16-bit trellis state to the float16 value exllamav3's ``decode_3inst<cb>`` gives.
+
+Shared by the block decode (``exl3_mv.py``) and the M = 1 decode GEMV (``exl3_gemv.py``); the Torch layout's
+``codebook_table`` (``layouts/exl3.py``) is the reference both are tested against.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+K_INV = tl.constexpr(0.00676727294921875)  # float16 0x1EEE
+K_BIAS = tl.constexpr(-10.3828125)  # float16 0xC931
+
+
+@triton.jit
+def codebook_value(state, CB: tl.constexpr):
+    """float16 value of uint32 ``state`` (< 2**16); ``CB`` indexes ``layouts.exl3.CODEBOOKS``."""
+    if CB == 2:  # mul1: the float32 product is exact, so one rounding as __hfma
+        x = state * 0x83DCD12D
+        total = (x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)
+        val = ((total + 1024).to(tl.float32) * K_INV + K_BIAS).to(tl.float16)
+    else:
+        x = state * 89226354 + 64248484 if CB == 0 else state * 0xCBAC1FED  # 3inst / mcg
+        x = (x & 0x8FFF8FFF) ^ 0x3B603B60
+        lo = (x & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+        hi = (x >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
+        val = lo + hi  # float16 add: the exact sum rounded once, as __hadd
+    return val

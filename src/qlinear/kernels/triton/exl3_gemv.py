@@ -1,0 +1,109 @@
+"""EXL3 decode GEMV for one row (M = 1, the decode step): each lane decodes 8 consecutive trellis positions.
+
+exllamav3 orders a tile's 256 stream positions so that positions ``8 L .. 8 L + 7`` are exactly what lane ``L``
+holds of the tensor-core fragments (``layouts/exl3.tile_position``): tile row ``r = 8 (s >> 1 & 1) + 2 (L % 4) +
+(s & 1)``, column ``c = 8 (s >> 2) + L // 4`` for ``t = 8 L + s``. So a lane's eight states lie in one short run of the
+bitstream: two (``bits`` <= 4) or three consecutive 32-bit words, loaded once per tile and shifted out eight times,
+instead of two 16-bit loads per weight as the block decode (``exl3_mv.py``) does. The eight products are summed in
+float32 in the lane (no tensor cores, no layout change) and the four lanes sharing a column are added at the end.
+
+Read as int32 (little endian), a tile's int16 words give the producer's bitstream directly: 32-bit word ``i`` is
+the stream's bits ``32 i .. 32 i + 31``, most significant first (the int16 pair swap of the layout undone by the
+byte order). ``xh`` is read the same way: int32 word ``8 kt + q`` holds rows ``2 q, 2 q + 1`` of k tile ``kt``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...layouts.exl3 import CODEBOOKS
+from .exl3_codebook import codebook_value
+
+
+@triton.jit
+def exl3_gemv_kernel(x_ptr, u_ptr, y_ptr, n_tiles, kt_split, BITS: tl.constexpr, CB: tl.constexpr,
+                     NTN: tl.constexpr, TWO_WORDS: tl.constexpr, ATOMIC: tl.constexpr):
+    """``y[N] (+)= xh[K] @ inner[K, N]`` over k tiles ``pid_k * kt_split ..`` for n tiles ``pid_n * NTN ..``;
+    ``x_ptr`` int32 view of float16 ``xh``, ``u_ptr`` int32 view of the trellis, ``y_ptr`` float32."""
+    WORDS: tl.constexpr = 8 * BITS  # int32 words per tile
+    lane = tl.arange(0, 32)
+    start = ((8 * lane + 1) * BITS + (256 * BITS - 16)) % (256 * BITS)  # first bit of the lane's first state
+    first = start // 32
+    rel0 = start % 32
+    nt = tl.program_id(0) * NTN + tl.arange(0, NTN)
+    tile = nt[:, None] * WORDS
+    o0 = tile + first[None, :]
+    o1 = tile + ((first + 1) % WORDS)[None, :]
+    o2 = tile + ((first + 2) % WORDS)[None, :]
+    q = lane % 4
+    acc_lo = tl.zeros((NTN, 32), dtype=tl.float32)  # columns c < 8 of each tile
+    acc_hi = tl.zeros((NTN, 32), dtype=tl.float32)
+    kt0 = tl.program_id(1) * kt_split
+    for kt in range(kt0, kt0 + kt_split):
+        tp = u_ptr + kt * n_tiles * WORDS
+        w0 = tl.load(tp + o0).to(tl.uint32, bitcast=True).to(tl.uint64)
+        w1 = tl.load(tp + o1).to(tl.uint32, bitcast=True).to(tl.uint64)
+        win01 = (w0 << 32) | w1
+        if not TWO_WORDS:
+            win12 = (w1 << 32) | tl.load(tp + o2).to(tl.uint32, bitcast=True).to(tl.uint64)
+        x_rows_lo = tl.load(x_ptr + kt * 8 + q).to(tl.uint32, bitcast=True)  # rows 2q, 2q + 1
+        x_rows_hi = tl.load(x_ptr + kt * 8 + 4 + q).to(tl.uint32, bitcast=True)  # rows 8 + 2q, 9 + 2q
+        for s in tl.static_range(8):
+            rel = rel0 + s * BITS  # the state's first bit, counted from the window's most significant
+            if TWO_WORDS:
+                state = win01 >> (48 - rel).to(tl.uint64)[None, :]
+            else:
+                state = tl.where((rel <= 48)[None, :], win01 >> (48 - rel).to(tl.uint64)[None, :],
+                                 win12 >> (80 - rel).to(tl.uint64)[None, :])
+            w = codebook_value(state.to(tl.uint32) & 0xFFFF, CB).to(tl.float32)
+            xw = x_rows_hi if (s >> 1) & 1 else x_rows_lo
+            xv = ((xw >> 16) if s & 1 else (xw & 0xFFFF)).to(tl.uint16).to(tl.float16, bitcast=True)
+            if s >= 4:
+                acc_hi += xv.to(tl.float32)[None, :] * w
+            else:
+                acc_lo += xv.to(tl.float32)[None, :] * w
+    y_lo = tl.sum(tl.reshape(acc_lo, (NTN, 8, 4)), axis=2)  # lane L = 4 (c % 8) + q
+    y_hi = tl.sum(tl.reshape(acc_hi, (NTN, 8, 4)), axis=2)
+    cols = y_ptr + nt[:, None] * 16 + tl.arange(0, 8)[None, :]
+    if ATOMIC:
+        tl.atomic_add(cols, y_lo)
+        tl.atomic_add(cols + 8, y_hi)
+    else:
+        tl.store(cols, y_lo)
+        tl.store(cols + 8, y_hi)
+
+
+def two_words(bits: int) -> bool:
+    """Whether every lane's eight states fit in two 32-bit words (``bits`` 1..4), else three are loaded."""
+    return all(((8 * lane + 1) * bits - 16) % (256 * bits) % 32 + 7 * bits + 16 <= 64 for lane in range(32))
+
+
+#: n tiles per program (4 warps): the offline sm_90 SASS of the K loop gives about 8.7 instructions and 0.28 global
+#: loads per weight at 32 (3inst, 4-bit), 9.1 at 16, 11.0 at 4, no spills (``benchmarks/exl3_sass.py --gemv``).
+TILES_N = 32
+#: Fewest k tiles a program sums before the launcher stops splitting K further.
+MIN_K_TILES = 8
+
+
+def gemv_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str, sms: int,
+                 tiles_n: int = TILES_N) -> torch.Tensor:
+    """float32 ``[1, N]`` = float16 ``xh [1, K]`` @ inner weight, for a trellis ``[K/16, N/16, 16 bits]`` already
+    checked by ``exl3_mv.check_trellis`` (``sms``: SM count for the K split; ``tiles_n``: a power of two)."""
+    kt, nt = trellis.shape[:2]
+    ntn = tiles_n
+    while nt % ntn:
+        ntn //= 2
+    xh = xh.contiguous()
+    if xh.data_ptr() % 4:  # the int32 view needs 4-byte alignment
+        xh = xh.clone()
+    programs = nt // ntn
+    split = 1
+    while programs * split < 2 * sms and kt % (2 * split) == 0 and kt // (2 * split) >= MIN_K_TILES:
+        split *= 2
+    y = (torch.zeros if split > 1 else torch.empty)(1, 16 * nt, dtype=torch.float32, device=xh.device)
+    exl3_gemv_kernel[(programs, split)](xh.view(torch.int32), trellis.view(torch.int32), y, nt, kt // split,
+                                        BITS=bits, CB=CODEBOOKS.index(codebook), NTN=ntn,
+                                        TWO_WORDS=two_words(bits), ATOMIC=split > 1)
+    return y
