@@ -134,8 +134,9 @@ class ExllamaV3TorchLinear(Exl3QuantLinear):
 
 class ExllamaV3Linear(Exl3QuantLinear):
     """EXL3 on CUDA through Triton (``triton/exl3_mv.py``). The reference's class of this name runs exllamav3's
-    JIT-built CUDA extension; qlinear does not build or import it, and runs its own Triton kernel instead: for
-    M <= 32 a fused decode GEMM (trellis -> float16 tile -> tensor-core dot, float32 sums, split over K), above
+    JIT-built CUDA extension; qlinear does not build or import it, and runs its own Triton kernels instead: for
+    M = 1 a decode GEMV (each lane decodes 8 consecutive trellis states from 2-3 words, ``triton/exl3_gemv.py``),
+    for M <= 32 a fused decode GEMM (trellis -> float16 tile -> tensor-core dot, float32 sums, split over K), above
     that the float16 inner weight decoded once per call (transient) and one cuBLAS matmul. The transformed input
     is rounded to float16 before the product, as exllamav3 does; outputs match ExllamaV3TorchLinear to that
     rounding (split-K partial sums are added atomically, so their order may vary between calls). Declared for CUDA
@@ -148,7 +149,7 @@ class ExllamaV3Linear(Exl3QuantLinear):
 
     @classmethod
     def describe_runs(cls, problem: Problem, target: Target) -> str:
-        return ("M <= 32: fused trellis-decode GEMM (Triton, split-K); above: float16 weight decoded per call, "
+        return ("M = 1: lane-wise trellis-decode GEMV; M <= 32: fused trellis-decode GEMM (Triton, split-K); above: float16 weight decoded per call, "
                 "then cuBLAS; input/output Hadamard transforms as two small Triton kernels")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
