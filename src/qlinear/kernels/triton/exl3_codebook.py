@@ -16,10 +16,13 @@ K_BIAS = tl.constexpr(-10.3828125)  # float16 0xC931
 @triton.jit
 def codebook_value(state, CB: tl.constexpr):
     """float16 value of uint32 ``state`` (< 2**16); ``CB`` indexes ``layouts.exl3.CODEBOOKS``."""
-    if CB == 2:  # mul1: the float32 product is exact, so one rounding as __hfma
+    K_INV_H = tl.full((), K_INV, tl.float16)
+    K_BIAS_H = tl.full((), K_BIAS, tl.float16)
+    if CB == 2:  # mul1: fma(1024 + byte sum, k_inv, k_bias) in float16, one rounding as __hfma
         x = state * 0x83DCD12D
-        total = (x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)
-        val = ((total + 1024).to(tl.float32) * K_INV + K_BIAS).to(tl.float16)
+        pairs = (x & 0x00FF00FF) + ((x >> 8) & 0x00FF00FF)  # two 16-bit lanes, each a sum of two bytes
+        total = (pairs & 0xFFFF) + (pairs >> 16)  # < 1024, so float16 1024 + total is 0x6400 + total exactly
+        val = tl.fma((total + 0x6400).to(tl.uint16).to(tl.float16, bitcast=True), K_INV_H, K_BIAS_H)
     else:
         x = state * 89226354 + 64248484 if CB == 0 else state * 0xCBAC1FED  # 3inst / mcg
         x = (x & 0x8FFF8FFF) ^ 0x3B603B60
