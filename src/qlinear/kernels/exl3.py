@@ -149,8 +149,9 @@ class ExllamaV3Linear(Exl3QuantLinear):
 
     @classmethod
     def describe_runs(cls, problem: Problem, target: Target) -> str:
-        return ("M = 1: lane-wise trellis-decode GEMV; M <= 32: fused trellis-decode GEMM (Triton, split-K); above: float16 weight decoded per call, "
-                "then cuBLAS; input/output Hadamard transforms as two small Triton kernels")
+        return ("M = 1: lane-wise trellis-decode GEMV; M <= 32: fused trellis-decode GEMM (Triton, split-K); above: "
+                "float16 weight decoded per call, then cuBLAS; input/output Hadamard transforms as two small Triton "
+                "kernels")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from .triton import exl3_mv
