@@ -71,6 +71,7 @@ def _layers_worker(rank: int, world: int, rendezvous: str, cases: tuple[str, ...
             assert "all_reduce" in row.explain() and "bias added once" in row.explain()
             assert "all_gather" in col.explain() and layer.backend.value in col.explain()
             assert ("sorted by group" in row.explain()) == (case == "gptq_v1_actorder")
+        dist.barrier()  # no rank tears gloo down while another is still sending
     finally:
         dist.destroy_process_group()
 
@@ -168,6 +169,7 @@ def _model_worker(rank: int, world: int, rendezvous: str, fixtures: tuple[str, .
                 assert hows == {"column+gather", "row(whole input)"}, hows
             else:
                 assert hows == {"column", "row"}, (name, hows)
+        dist.barrier()  # no rank tears gloo down while another is still sending
     finally:
         dist.destroy_process_group()
 
@@ -198,6 +200,7 @@ def _smollm_worker(rank: int, world: int, rendezvous: str, out: str) -> None:
             hows = sorted({f"{p.name.rsplit('.', 1)[-1]}:{p.how}" for p in placements})
             Path(out).write_text(f"{tok.decode(whole[0])}\n---\n{tok.decode(tp[0])}\n---\n{' '.join(hows)}\n")
         assert torch.equal(whole, tp), (tok.decode(whole[0]), tok.decode(tp[0]))
+        dist.barrier()  # no rank tears gloo down while another is still sending
     finally:
         dist.destroy_process_group()
 

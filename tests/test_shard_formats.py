@@ -300,6 +300,7 @@ def _stored_worker(rank: int, world: int, rendezvous: str, cases: tuple[str, ...
             row = RowParallelLinear.from_layer(layer)
             assert (row(x).float() - whole).abs().max().item() <= _tolerance(dtype) * scale, (case, "row")
             assert ("through the layout's permutation" in row.explain()) == (row.in_index is not None), case
+        dist.barrier()  # no rank tears gloo down while another is still sending
     finally:
         dist.destroy_process_group()
 
@@ -381,6 +382,7 @@ def _exl2_model_worker(rank: int, world: int, rendezvous: str, root: str) -> Non
         hows = {p.how for p in placements}
         assert hows == {"column+gather", "row(whole input)"}, hows
         assert (tp - whole).abs().max().item() <= 1e-5 * whole.abs().max().item()
+        dist.barrier()  # no rank tears gloo down while another is still sending
     finally:
         dist.destroy_process_group()
 

@@ -47,6 +47,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.tp > 1:
         import torch.distributed as dist
 
+        dist.barrier()  # no rank tears gloo/NCCL down while another is still sending
         dist.destroy_process_group()
         if rank:
             return 0
