@@ -229,7 +229,7 @@ def sass_counts(sass: str) -> list[int]:
 
 def sass_report() -> int:
     """Compile each variant on a 4-bit g128 4096x4096 layer and report what the compiler produced."""
-    from qlinear.kernels.triton.qmm import LAST
+    from qlinear.kernels.triton.runtime import LAST
 
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(7)

@@ -18,6 +18,7 @@ from .activations import ActQuant
 from .config_json import ConfigError, config_bool, config_int, load_mapping
 from .enums import FORMAT, METHOD
 from .floats import Element
+from .ggml_types import GEOMETRY, ggml_type
 
 PACK_DTYPES: Mapping[str, torch.dtype] = {
     "int8": torch.int8,
@@ -257,13 +258,12 @@ class Scheme:
             _check_integer_affine(self.bits, self.group_size, self.format, self.method, self.desc_act,
                                   self.pack_dtype)
         if self.qtype is not None:
-            from .layouts.gguf import type_info  # only GGUF schemes need the (pure) GGML type table
-
-            info = type_info(self.qtype)
-            if self.method is not METHOD.GGUF or info.bits != self.bits:
-                raise ConfigError(f"qtype {info.name} is a {info.bits}-bit GGUF block type; got method="
+            qtype = ggml_type(self.qtype)
+            bits = GEOMETRY[qtype].bits
+            if self.method is not METHOD.GGUF or bits != self.bits:
+                raise ConfigError(f"qtype {qtype.name} is a {bits}-bit GGUF block type; got method="
                                   f"{self.method.value}, bits={self.bits}")
-            object.__setattr__(self, "qtype", info.name)
+            object.__setattr__(self, "qtype", qtype.name)
         if self.scale_block is not None:
             object.__setattr__(self, "scale_block", _block_of(self.scale_block))
         if self.per_tensor_scale and self.scale_block != (self.out_features, self.in_features):

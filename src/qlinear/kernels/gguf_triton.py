@@ -30,7 +30,8 @@ from ..spec import Scheme
 from ..target import Target
 from .gguf_torch import GGUFQuantLinear
 from .planned.gguf import GGUFTritonKernel as _Declared
-from .triton_gptq import device_facts, interpreting, tc_unfit, triton_version_reasons
+from .triton.runtime import interpreting
+from .triton_gptq import device_facts, tc_unfit, triton_version_reasons
 
 T = gguf.GGMLType
 #: every type the Triton bodies decode (``triton.gguf.GEOMS``)

@@ -16,7 +16,8 @@ from .paro_base import ROTATION, ParoQuantBase, shape_reasons
 from .planned.other import ParoLinear as _DeclaredTorch
 from .planned.other import ParoQuantTritonLinear as _DeclaredTriton
 from .torch_awq import AwqTorchLinear
-from .triton_gptq import TritonQuantMixin, interpreting
+from .triton.runtime import interpreting
+from .triton_gptq import TritonQuantMixin
 
 
 class ParoLinear(ParoQuantBase, AwqTorchLinear):

@@ -62,7 +62,7 @@ class BitsAndBytesTritonLinear(BnbQuantLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from .triton import lut4
-        from .triton_gptq import interpreting
+        from .triton.runtime import interpreting
 
         self.check_input(x, None if interpreting() else "cuda")
         self.ensure_prepared()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import os
 from typing import Any
 
 import torch
@@ -27,14 +26,10 @@ from ..spec import Scheme
 from ..target import Target
 from .gptq_base import GPTQQuantLinear
 from .planned.triton import TritonV2Linear as _Declared
+from .triton.runtime import interpreting
 
 RUNTIME = ("_rt_qweight", "_rt_scales", "_rt_zeros", "_rt_perm", "_rt_offsets", "_rt_lock")
 MIN_TRITON = (3, 2)
-
-
-def interpreting() -> bool:
-    """Triton's CPU interpreter is on (tests): kernels then run on CPU tensors."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @functools.cache

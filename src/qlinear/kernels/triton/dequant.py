@@ -14,8 +14,8 @@ import triton.language as tl
 
 from .common import gemv_term, group_params, halves, kpos, load_words
 from .configs import Config
-from .layout import Packed
-from .qmm import LAST, one_group
+from .layout import Packed, one_group
+from .runtime import LAST
 
 #: largest dense chunk (elements) one call materialises; wider layers are done in column chunks
 MAX_DENSE = 1 << 28

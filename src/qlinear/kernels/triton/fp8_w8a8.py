@@ -34,10 +34,10 @@ from .fp_common import (
     check_fp8_weight,
     check_tensor,
     fail,
-    interpreting,
     sm_count,
     split_for,
 )
+from .runtime import interpreting
 
 E4M3_MAX = 448.0
 #: vLLM's smallest dynamic scale (``1 / (448 * 512)``)

@@ -19,13 +19,14 @@ is multiplied by ``scale[n // bn, k // bk]``. A kernel applies them in one of th
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
+
+from .runtime import interpreting
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 KCONST, STEP, FOLD, GROUPS = 0, 1, 2, 3
@@ -60,11 +61,6 @@ class FConfig:
         extra = (" tma" if self.tma else "") + (" bits" if self.fp8_bits else "")
         return (f"{self.variant} {self.block_m}x{self.block_n}x{self.block_k} s{self.split_k} "
                 f"w{self.num_warps} st{self.num_stages}{extra}")
-
-
-def interpreting() -> bool:
-    """Triton's CPU interpreter is on: kernels then run on CPU tensors (read per call, never cached)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def fail(op: str, name: str, expected: str, found: object) -> ValueError:

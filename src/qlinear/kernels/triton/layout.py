@@ -197,3 +197,22 @@ def build_kquant(codes: torch.Tensor, sc: torch.Tensor, mins: torch.Tensor, d: t
     sup[:, 1, :n] = -dmin.t().float()
     return Packed(p.qweight, p.scales, None, p.perm, bits, k, n, p.group, 0, p.rows_per_block, offsets=o,
                   supers=sup.reshape(2 * g8, p.np))
+
+
+def gather_cols(x2: torch.Tensor, p: Packed) -> torch.Tensor:
+    """Activations in sorted-row order ``[M, KP]`` (zeros in padding rows): contiguous A tiles for the GEMM."""
+    assert p.perm is not None
+    xp = x2.index_select(1, p.perm.clamp(min=0).long())
+    if p.kp > p.k:  # padding rows (perm -1) must read 0
+        xp.masked_fill_((p.perm < 0)[None, :], 0)
+    return xp
+
+
+def sorted_input(x2: torch.Tensor, p: Packed) -> tuple[torch.Tensor, int]:
+    """x in sorted-row order and its row length: gathered once for act-order weights, else as it is."""
+    return (gather_cols(x2, p), p.kp) if p.perm is not None else (x2, p.k)
+
+
+def one_group(p: Packed, block_k: int) -> bool:
+    """Does every K step of ``block_k`` codes lie inside one group (one scale row per step)?"""
+    return block_k <= p.rows_per_block * (32 // p.bits) or p.group % block_k == 0

@@ -40,13 +40,13 @@ from .fp_common import (
     check_tensor,
     check_x,
     fail,
-    interpreting,
     k_range,
     repeat_cols,
     sm_count,
     split_for,
     tile_of,
 )
+from .runtime import interpreting
 
 VARIANTS = ("gemv", "skinny", "mma", "dense")
 DECODES = ("gather", "prmt")

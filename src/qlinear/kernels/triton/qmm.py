@@ -40,7 +40,8 @@ from .common import (
     tile_kpos,
 )
 from .configs import Config
-from .layout import Packed
+from .layout import Packed, gather_cols, one_group, sorted_input
+from .runtime import LAST, interpreting
 
 
 @triton.jit
@@ -224,29 +225,6 @@ def qmm2_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
                 BLOCK_M, BLOCK_N, BLOCK_M)
 
 
-#: the last compiled kernel launched (for resource and SASS inspection by benchmarks/gpu_check.py --sass)
-LAST: dict[str, object] = {}
-
-
-def gather_cols(x2: torch.Tensor, p: Packed) -> torch.Tensor:
-    """Activations in sorted-row order ``[M, KP]`` (zeros in padding rows): contiguous A tiles for the GEMM."""
-    assert p.perm is not None
-    xp = x2.index_select(1, p.perm.clamp(min=0).long())
-    if p.kp > p.k:  # padding rows (perm -1) must read 0
-        xp.masked_fill_((p.perm < 0)[None, :], 0)
-    return xp
-
-
-def sorted_input(x2: torch.Tensor, p: Packed) -> tuple[torch.Tensor, int]:
-    """x in sorted-row order and its row length: gathered once for act-order weights, else as it is."""
-    return (gather_cols(x2, p), p.kp) if p.perm is not None else (x2, p.k)
-
-
-def one_group(p: Packed, block_k: int) -> bool:
-    """Does every K step of ``block_k`` codes lie inside one group (one scale row per step)?"""
-    return block_k <= p.rows_per_block * (32 // p.bits) or p.group % block_k == 0
-
-
 def gemv_rows(m: int, cfg: Config, p: Packed) -> int:
     """Rows per GEMV program: 1, or 2 / 4 sharing each dequantized weight, which needs every K step inside
     one group (so one scale row per step)."""
@@ -272,7 +250,6 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
     if cfg.variant in V2:
         return qmm2(x2, p, cfg, bias, lock, y)
     if cfg.variant in ("skinny3", "gemm3"):
-        from ..triton_gptq import interpreting
         from .qmm3 import qmm3
 
         return qmm3(x2, p, cfg, bias, lock, y, use_asm=not interpreting())
@@ -285,7 +262,6 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
 
         return qmm5(x2, p, cfg, bias, lock, y)
     if cfg.variant == "gemv_tc":
-        from ..triton_gptq import interpreting
         from .qmv_tc import qmv_tc
 
         return qmv_tc(x2, p, cfg, bias, lock, y, use_asm=not interpreting())

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .common import load_words, store_split
 from .configs import Config
-from .layout import Packed
+from .layout import Packed, sorted_input
 
 
 def _pairs_asm(magic: str, ty: str) -> str:
@@ -187,7 +187,6 @@ def skinny3_reasons(p: Packed, m: int, dtype: torch.dtype, variant: str = "skinn
 def qmm3(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lock: torch.Tensor | None,
          y: torch.Tensor, use_asm: bool) -> torch.Tensor:
     """Launch ``qmm3_kernel`` (x gathered to sorted order first when the weight is act-order)."""
-    from .qmm import sorted_input
     from .qmv_tc import capability
 
     m = x2.shape[0]

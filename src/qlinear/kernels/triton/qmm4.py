@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from .configs import Config
 from .gemm4_limits import gemm4_reasons
-from .layout import Packed
+from .layout import Packed, sorted_input
 from .qmm3 import ASM_BF16, ASM_F16, block_k3
 
 #: the TMA load builtin: ``async_copy_global_to_shared`` in Triton 3.6 (the H200's), ``async_load`` in 3.9 (CI's)
@@ -241,7 +241,6 @@ def tile_errors(cfg: Config, block_k: int) -> list[str]:
 def gluon_inputs(x2: torch.Tensor, p: Packed, cfg: Config) -> tuple[torch.Tensor, int, int]:
     """``(x in sorted order with TMA-aligned rows, its K, the K step)`` for gemm4/gemm5 (``cfg.variant``), or a
     named error for a call or a forced config the kernel cannot take."""
-    from .qmm import sorted_input
     from .qmv_tc import capability
 
     why = gemm4_reasons(p, x2.shape[0], x2.dtype, capability(x2.device), cfg.variant)

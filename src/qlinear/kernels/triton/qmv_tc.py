@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from .common import stack2, store_split
-from .layout import Packed
+from .layout import Packed, gather_cols
 from .qmv_tc_asm import MMA_CONSTRAINTS, mma_asm
 from .qmv_tc_groups import group_terms
 from .qmv_tc_x import chunk_x, unit_x
@@ -313,7 +313,6 @@ def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, 
            y: torch.Tensor, use_asm: bool) -> torch.Tensor:
     """Launch ``qmv_tc_kernel``: x in sorted order with an even row length (one gather or pad when not).
     ``cfg.sub_zero``: the asm subtracts ``m + z`` per pair (an FMA per two codes) instead of a third MMA."""
-    from .qmm import gather_cols
 
     m = x2.shape[0]
     why = tc_reasons(p, m, x2.dtype, capability(x2.device))

@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 
 from .common import stack2
-from .fp_common import check_tensor, fail, interpreting, k_range, sm_count, split_for, tile_of
+from .fp_common import check_tensor, fail, k_range, sm_count, split_for, tile_of
+from .runtime import interpreting
 
 ONE_PASS_K = 8192
 STEP = 128  # K rows per step (one runtime block of 16 word rows)

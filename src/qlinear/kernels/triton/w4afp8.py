@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .fp_common import check_tensor, fail, interpreting
+from .fp_common import check_tensor, fail
+from .runtime import interpreting
 
 GROUP = 128
 

@@ -11,39 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from ...ggml_types import GEOMETRY, GGMLType, ggml_type
 from . import float as flt
 from . import iq, kquants, kquants_encode, legacy, q1
 
 if TYPE_CHECKING:
     from ...spec import Scheme
-
-
-class GGMLType(IntEnum):
-    """GGML type ids as GGUF files store them (the subset qlinear reads)."""
-
-    F32 = 0
-    F16 = 1
-    Q4_0 = 2
-    Q4_1 = 3
-    Q5_0 = 6
-    Q5_1 = 7
-    Q8_0 = 8
-    Q2_K = 10
-    Q3_K = 11
-    Q4_K = 12
-    Q5_K = 13
-    Q6_K = 14
-    IQ4_NL = 20
-    IQ4_XS = 23
-    BF16 = 30
-    Q1_0 = 40  # the reference's 32-value Q1_0; upstream ggml gives id 40 to NVFP4
-    Q1_0_G128 = 41  # the reference's "PRISM" id; upstream ggml's Q1_0 has exactly this layout
 
 
 @dataclass(frozen=True)
@@ -70,54 +48,31 @@ class TypeInfo:
         return self.blocks_per_row(k) * self.type_size
 
 
-def _info(t: GGMLType, b: int, size: int, bits: int, dec: Callable, enc: Callable | None) -> TypeInfo:
-    return TypeInfo(t, b, size, bits, dec, enc)
+def _info(t: GGMLType, dec: Callable, enc: Callable | None) -> TypeInfo:
+    return TypeInfo(t, *GEOMETRY[t], dec, enc)
 
 
 T = GGMLType
 TYPES: Mapping[GGMLType, TypeInfo] = {i.type: i for i in (
-    _info(T.F32, 1, 4, 32, flt.decode_f32, flt.encode_f32),
-    _info(T.F16, 1, 2, 16, flt.decode_f16, flt.encode_f16),
-    _info(T.BF16, 1, 2, 16, flt.decode_bf16, flt.encode_bf16),
-    _info(T.Q4_0, 32, 18, 4, legacy.decode_q4_0, legacy.encode_q4_0),
-    _info(T.Q4_1, 32, 20, 4, legacy.decode_q4_1, legacy.encode_q4_1),
-    _info(T.Q5_0, 32, 22, 5, legacy.decode_q5_0, legacy.encode_q5_0),
-    _info(T.Q5_1, 32, 24, 5, legacy.decode_q5_1, legacy.encode_q5_1),
-    _info(T.Q8_0, 32, 34, 8, legacy.decode_q8_0, legacy.encode_q8_0),
-    _info(T.Q2_K, 256, 84, 2, kquants.decode_q2_k, kquants_encode.encode_q2_k),
-    _info(T.Q3_K, 256, 110, 3, kquants.decode_q3_k, kquants_encode.encode_q3_k),
-    _info(T.Q4_K, 256, 144, 4, kquants.decode_q4_k, kquants_encode.encode_q4_k),
-    _info(T.Q5_K, 256, 176, 5, kquants.decode_q5_k, kquants_encode.encode_q5_k),
-    _info(T.Q6_K, 256, 210, 6, kquants.decode_q6_k, kquants_encode.encode_q6_k),
-    _info(T.IQ4_NL, 32, 18, 4, iq.decode_iq4_nl, None),
-    _info(T.IQ4_XS, 256, 136, 4, iq.decode_iq4_xs, None),
-    _info(T.Q1_0, 32, 6, 1, q1.decode_q1, q1.encode_q1),
-    _info(T.Q1_0_G128, 128, 18, 1, q1.decode_q1, q1.encode_q1),
+    _info(T.F32, flt.decode_f32, flt.encode_f32),
+    _info(T.F16, flt.decode_f16, flt.encode_f16),
+    _info(T.BF16, flt.decode_bf16, flt.encode_bf16),
+    _info(T.Q4_0, legacy.decode_q4_0, legacy.encode_q4_0),
+    _info(T.Q4_1, legacy.decode_q4_1, legacy.encode_q4_1),
+    _info(T.Q5_0, legacy.decode_q5_0, legacy.encode_q5_0),
+    _info(T.Q5_1, legacy.decode_q5_1, legacy.encode_q5_1),
+    _info(T.Q8_0, legacy.decode_q8_0, legacy.encode_q8_0),
+    _info(T.Q2_K, kquants.decode_q2_k, kquants_encode.encode_q2_k),
+    _info(T.Q3_K, kquants.decode_q3_k, kquants_encode.encode_q3_k),
+    _info(T.Q4_K, kquants.decode_q4_k, kquants_encode.encode_q4_k),
+    _info(T.Q5_K, kquants.decode_q5_k, kquants_encode.encode_q5_k),
+    _info(T.Q6_K, kquants.decode_q6_k, kquants_encode.encode_q6_k),
+    _info(T.IQ4_NL, iq.decode_iq4_nl, None),
+    _info(T.IQ4_XS, iq.decode_iq4_xs, None),
+    _info(T.Q1_0, q1.decode_q1, q1.encode_q1),
+    _info(T.Q1_0_G128, q1.decode_q1, q1.encode_q1),
 )}
 del T
-
-#: Spellings the reference and llama.cpp use for file types (``q4_k_m`` is a mix; its typical weight is Q4_K).
-ALIASES: Mapping[str, GGMLType] = {
-    "q4_k_s": GGMLType.Q4_K, "q4_k_m": GGMLType.Q4_K, "q5_k_s": GGMLType.Q5_K, "q5_k_m": GGMLType.Q5_K,
-    "q3_k_s": GGMLType.Q3_K, "q3_k_m": GGMLType.Q3_K, "q3_k_l": GGMLType.Q3_K, "q1_0_g128": GGMLType.Q1_0_G128,
-}
-
-
-def ggml_type(value: str | int | GGMLType) -> GGMLType:
-    """Parse a GGML type by name (any case, llama.cpp aliases too) or id; a clear error lists the known ones."""
-    if isinstance(value, GGMLType):
-        return value
-    if isinstance(value, str):
-        key = value.strip().lower().replace("-", "_")
-        if key in ALIASES:
-            return ALIASES[key]
-        for t in GGMLType:
-            if t.name.lower() == key:
-                return t
-    elif isinstance(value, (int, np.integer)) and not isinstance(value, bool) and int(value) in set(GGMLType):
-        return GGMLType(int(value))
-    known = ", ".join(f"{t.name} ({t.value})" for t in GGMLType)
-    raise ValueError(f"unknown GGML type {value!r}; qlinear knows: {known}")
 
 
 def type_info(value: str | int | GGMLType) -> TypeInfo:
