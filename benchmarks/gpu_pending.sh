@@ -17,13 +17,13 @@ run() {  # name, time limit (s), command...
     timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "$name failed ($?)"; status=1; }
     tail -n 5 "$OUT/$name.log"
 }
+# issue 23: every declared combination of the CUDA kernels against float64, and one layer on 8 CUDA streams
+run conformance_cuda 150 python benchmarks/gpu_check.py --conformance
+run threads_cuda 60 python -m pytest -q tests/test_thread_safety.py -k cuda
 # issue 24: the fast paths of the new formats (checks, then time vs bf16 cuBLAS at M = 1 .. 256)
 run gpu_exl3 120 python benchmarks/gpu_exl3.py
 run gpu_vptq 120 python benchmarks/gpu_vptq.py
 run gpu_paroquant 90 python benchmarks/gpu_paroquant.py
 run gpu_exl2 90 python benchmarks/gpu_exl2.py
 run gpu_bitblas 90 python benchmarks/gpu_bitblas.py
-# issue 23: every declared combination of the CUDA kernels against float64, and one layer on 8 CUDA streams
-run conformance_cuda 150 python benchmarks/gpu_check.py --conformance
-run threads_cuda 60 python -m pytest -q tests/test_thread_safety.py -k cuda
 exit $status
