@@ -17,6 +17,8 @@ run() {  # name, time limit (s), command...
     timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "$name failed ($?)"; status=1; }
     tail -n 5 "$OUT/$name.log"
 }
+# pytest for the thread test, from wheels carried in .whl/ where the image has none
+python -c "import pytest" 2>/dev/null || { [ -d .whl ] && python -m pip install -q --no-index --find-links .whl pytest; }
 # issue 23: every declared combination of the CUDA kernels against float64, and one layer on 8 CUDA streams
 run conformance_cuda 150 python benchmarks/gpu_check.py --conformance
 run threads_cuda 60 python -m pytest -q tests/test_thread_safety.py -k cuda
