@@ -70,7 +70,8 @@ def main() -> None:
     for bits in args.bits:
         for cb, name in enumerate(exl3_mv.CODEBOOKS):
             if args.gemv:
-                consts = dict(BITS=bits, CB=cb, NTN=args.tiles_n, TWO_WORDS=exl3_gemv.two_words(bits), ATOMIC=True)
+                consts = dict(BITS=bits, CB=cb, NTN=args.tiles_n, TWO_WORDS=exl3_gemv.two_words(bits), ATOMIC=True,
+                              PREFETCH=exl3_gemv.PREFETCH)
             else:
                 consts = dict(BITS=bits, CB=cb, BM=16, BK=bk, BN=bn, ATOMIC=True)
             sig = {a: "constexpr" if a in consts else ptrs.get(a, "i32") for a in kernel.arg_names}

@@ -54,7 +54,8 @@ def test_decode_is_bit_exact(mv, bits: int, cb: str) -> None:
                                           (6, "mul1"), (7, "mcg"), (8, "3inst")])
 def test_gemv_matches_float64(mv, bits: int, cb: str) -> None:
     """The M = 1 path (``exl3_gemv.py``): two- and three-word windows, split K with atomics and not, fewer n tiles
-    than one program's 32, and an input row at an odd float16 offset (copied for the int32 view)."""
+    than one program's 32, with and without the next tile's prefetch, and an input row at an odd float16 offset
+    (copied for the int32 view)."""
     from qlinear.kernels.triton import exl3_gemv
 
     tr = trellis(256, 384, bits, seed=10 + bits)
@@ -62,7 +63,7 @@ def test_gemv_matches_float64(mv, bits: int, cb: str) -> None:
     base = torch.randn(257, generator=torch.Generator().manual_seed(bits)).half()
     for xh, sms in ((base[:256].view(1, 256), 64), (base[1:].view(1, 256), 1)):
         assert exl3_gemv.two_words(bits) == (bits <= 4)
-        y = exl3_gemv.gemv_product(xh, tr, bits, cb, sms=sms, tiles_n=32 if sms > 1 else 8)
+        y = exl3_gemv.gemv_product(xh, tr, bits, cb, sms=sms, tiles_n=32 if sms > 1 else 8, prefetch=sms > 1)
         ref = xh.double() @ ref_w
         assert y.dtype == torch.float32 and y.shape == (1, 384)
         torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())

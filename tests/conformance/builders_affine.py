@@ -242,7 +242,14 @@ class ParoBuilder(Builder):
         layer = ready(layer, device)
         w64 = rtn_numpy.dequantize(q.codes.numpy(), q.scales.double().numpy(), q.zeros.numpy(), q.g_idx.numpy())
         p, t, s = pairs.numpy(), as_f64(theta), as_f64(chan)
-        return Built(layer, w64, reference=lambda x: givens64(as_f64(x), p, t, s, gs) @ w64.T)
+
+        def reference(x: torch.Tensor) -> np.ndarray:
+            return givens64(as_f64(x), p, t, s, gs) @ w64.T
+
+        if c.dtype == torch.bfloat16:  # measured 1.52e-2 once on an H100 (ParoQuantTritonLinear, group -1)
+            return Built(layer, w64, reference=reference, tol=3e-2,
+                         tol_why="the rotation rounds to bfloat16 after each of its operations, as ParoQuant's does")
+        return Built(layer, w64, reference=reference)
 
 
 GPTQ_AWQ = ("TorchLinear", "AwqTorchLinear", "TorchAtenLinear", "TorchAtenAwqLinear", "TorchFusedLinear",

@@ -322,6 +322,9 @@ class Exl3Builder(Builder):
         layer.load_state_dict(t, strict=True)
         layer = ready(layer, device)
         w = exl3_oracle.weight(t["trellis"], p.bits, p.codebook, t["suh"], t["svh"])  # [K, N]: y = x @ w
+        if c.kernel.__name__ == "ExllamaV3Linear" and c.dtype == torch.float32:
+            return Built(layer, w.double().numpy().T.copy(), tol=TOL[torch.float16],
+                         tol_why="the CUDA kernel rounds H(x * suh) to float16, as exllamav3 does")
         return Built(layer, w.double().numpy().T.copy())
 
 

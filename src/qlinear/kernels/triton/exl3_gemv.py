@@ -24,9 +24,10 @@ from .exl3_codebook import codebook_value
 
 @triton.jit
 def exl3_gemv_kernel(x_ptr, u_ptr, y_ptr, n_tiles, kt_split, BITS: tl.constexpr, CB: tl.constexpr,
-                     NTN: tl.constexpr, TWO_WORDS: tl.constexpr, ATOMIC: tl.constexpr):
+                     NTN: tl.constexpr, TWO_WORDS: tl.constexpr, ATOMIC: tl.constexpr, PREFETCH: tl.constexpr):
     """``y[N] (+)= xh[K] @ inner[K, N]`` over k tiles ``pid_k * kt_split ..`` for n tiles ``pid_n * NTN ..``;
-    ``x_ptr`` int32 view of float16 ``xh``, ``u_ptr`` int32 view of the trellis, ``y_ptr`` float32."""
+    ``x_ptr`` int32 view of float16 ``xh``, ``u_ptr`` int32 view of the trellis, ``y_ptr`` float32. ``PREFETCH``:
+    load the next k tile's words before decoding this one (hides the load latency when few warps are resident)."""
     WORDS: tl.constexpr = 8 * BITS  # int32 words per tile
     lane = tl.arange(0, 32)
     start = ((8 * lane + 1) * BITS + (256 * BITS - 16)) % (256 * BITS)  # first bit of the lane's first state
@@ -41,13 +42,27 @@ def exl3_gemv_kernel(x_ptr, u_ptr, y_ptr, n_tiles, kt_split, BITS: tl.constexpr,
     acc_lo = tl.zeros((NTN, 32), dtype=tl.float32)  # columns c < 8 of each tile
     acc_hi = tl.zeros((NTN, 32), dtype=tl.float32)
     kt0 = tl.program_id(1) * kt_split
+    kt_last = kt0 + kt_split - 1
+    tp = u_ptr + kt0 * n_tiles * WORDS
+    n0 = tl.load(tp + o0)
+    n1 = tl.load(tp + o1)
+    n2 = tl.load(tp + o2) if not TWO_WORDS else n1
     for kt in range(kt0, kt0 + kt_split):
-        tp = u_ptr + kt * n_tiles * WORDS
-        w0 = tl.load(tp + o0).to(tl.uint32, bitcast=True).to(tl.uint64)
-        w1 = tl.load(tp + o1).to(tl.uint32, bitcast=True).to(tl.uint64)
-        win01 = (w0 << 32) | w1
+        if PREFETCH:  # this tile's words were loaded last trip; start the next tile's now
+            c0, c1, c2 = n0, n1, n2
+            tp = u_ptr + tl.minimum(kt + 1, kt_last) * n_tiles * WORDS
+            n0 = tl.load(tp + o0)
+            n1 = tl.load(tp + o1)
+            n2 = tl.load(tp + o2) if not TWO_WORDS else n1
+        else:
+            tp = u_ptr + kt * n_tiles * WORDS
+            c0 = tl.load(tp + o0)
+            c1 = tl.load(tp + o1)
+            c2 = tl.load(tp + o2) if not TWO_WORDS else c1
+        w1 = c1.to(tl.uint32, bitcast=True).to(tl.uint64)
+        win01 = (c0.to(tl.uint32, bitcast=True).to(tl.uint64) << 32) | w1
         if not TWO_WORDS:
-            win12 = (w1 << 32) | tl.load(tp + o2).to(tl.uint32, bitcast=True).to(tl.uint64)
+            win12 = (w1 << 32) | c2.to(tl.uint32, bitcast=True).to(tl.uint64)
         x_rows_lo = tl.load(x_ptr + kt * 8 + q).to(tl.uint32, bitcast=True)  # rows 2q, 2q + 1
         x_rows_hi = tl.load(x_ptr + kt * 8 + 4 + q).to(tl.uint32, bitcast=True)  # rows 8 + 2q, 9 + 2q
         for s in tl.static_range(8):
@@ -85,12 +100,16 @@ def two_words(bits: int) -> bool:
 TILES_N = 32
 #: Fewest k tiles a program sums before the launcher stops splitting K further.
 MIN_K_TILES = 8
+#: Warps per program, and whether the next k tile's words are loaded while this one decodes.
+WARPS, PREFETCH = 4, True
 
 
 def gemv_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str, sms: int,
-                 tiles_n: int = TILES_N) -> torch.Tensor:
+                 tiles_n: int = TILES_N, split: int | None = None, warps: int = WARPS,
+                 prefetch: bool = PREFETCH) -> torch.Tensor:
     """float32 ``[1, N]`` = float16 ``xh [1, K]`` @ inner weight, for a trellis ``[K/16, N/16, 16 bits]`` already
-    checked by ``exl3_mv.check_trellis`` (``sms``: SM count for the K split; ``tiles_n``: a power of two)."""
+    checked by ``exl3_mv.check_trellis`` (``sms``: SM count for the K split; ``tiles_n``: a power of two; ``split``
+    a power of two dividing the k tiles, or None for the rule below; ``warps``/``prefetch``: for benchmark sweeps)."""
     kt, nt = trellis.shape[:2]
     ntn = tiles_n
     while nt % ntn:
@@ -99,11 +118,15 @@ def gemv_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: s
     if xh.data_ptr() % 4:  # the int32 view needs 4-byte alignment
         xh = xh.clone()
     programs = nt // ntn
-    split = 1
-    while programs * split < 2 * sms and kt % (2 * split) == 0 and kt // (2 * split) >= MIN_K_TILES:
-        split *= 2
+    if split is None:
+        split = 1
+        while programs * split < 2 * sms and kt % (2 * split) == 0 and kt // (2 * split) >= MIN_K_TILES:
+            split *= 2
+    elif split < 1 or kt % split:
+        raise ValueError(f"exl3_gemv: split: expected a divisor of the {kt} k tiles, found {split}")
     y = (torch.zeros if split > 1 else torch.empty)(1, 16 * nt, dtype=torch.float32, device=xh.device)
     exl3_gemv_kernel[(programs, split)](xh.view(torch.int32), trellis.view(torch.int32), y, nt, kt // split,
                                         BITS=bits, CB=CODEBOOKS.index(codebook), NTN=ntn,
-                                        TWO_WORDS=two_words(bits), ATOMIC=split > 1)
+                                        TWO_WORDS=two_words(bits), ATOMIC=split > 1, PREFETCH=prefetch,
+                                        num_warps=warps)
     return y

@@ -54,6 +54,7 @@ from .fp_common import (
     step_scale,
     tile_of,
 )
+from .runtime import bind_cuda_context
 
 VARIANTS = ("gemv", "skinny", "mma", "dense")
 
@@ -177,6 +178,7 @@ def launch_dot(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bn: int, b
     if cfg.tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
+        bind_cuda_context(x.device)
         if (k * x.element_size()) % 16 or k % 16:
             raise fail("fp8 tma", "x", "rows of a multiple of 16 bytes (K % 16 == 0) for TMA", f"K = {k}")
         xa = TensorDescriptor.from_tensor(x, [cfg.block_m, bk_step])

@@ -28,6 +28,7 @@ from .configs import Config
 from .gemm4_limits import gemm4_reasons
 from .layout import Packed, sorted_input
 from .qmm3 import ASM_BF16, ASM_F16, block_k3
+from .runtime import bind_cuda_context
 
 #: the TMA load builtin: ``async_copy_global_to_shared`` in Triton 3.6 (the H200's), ``async_load`` in 3.9 (CI's)
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -261,6 +262,7 @@ def qmm4(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lo
     """Launch ``qmm4_kernel`` (x gathered to sorted order first when the weight is act-order)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    bind_cuda_context(x2.device)
     m = x2.shape[0]
     x2, kx, bk = gluon_inputs(x2, p, cfg)
     bm, bn = cfg.block_m, cfg.block_n

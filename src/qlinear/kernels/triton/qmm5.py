@@ -24,6 +24,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup
 from .configs import Config
 from .layout import Packed
 from .qmm4 import _dequant, _epilogue, code_layout, gluon_inputs, mma_layout, tma_load
+from .runtime import bind_cuda_context
 
 #: registers of the loader warp (it only issues TMA and waits on barriers)
 LOADER_REGISTERS = 40
@@ -166,6 +167,7 @@ def _descriptor(t: torch.Tensor, block: list[int]):
     """A TMA descriptor over a row-major 2-D tensor with the default (swizzled) shared layout for ``block``."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    bind_cuda_context(t.device)
     layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, GL_DTYPES[t.dtype]))
     return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], block, layout)
 
