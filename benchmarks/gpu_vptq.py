@@ -95,7 +95,7 @@ def checks(args: argparse.Namespace) -> None:
             exact = x.double() @ w64.t()
             e_ref = float((got.double() - want.double()).norm() / exact.norm())
             e_64 = float((got.double() - exact).norm() / exact.norm())
-            path = "gemv" if m <= vptq_mv.GEMV_MAX_M else "mma" if m <= vptq_mv.MMA_MAX_M else "dense"
+            path = "gemv" if m <= vptq_mv.GEMV_ROUTE_M else "mma" if m <= vptq_mv.MMA_MAX_M else "dense"
             say(f"| {k}x{n} | {cfg} | {m} | {path} | {same} | {e_ref:.2e} | {e_64:.2e} |")
         del tri, ref, w, dec
         torch.cuda.empty_cache()

@@ -140,7 +140,7 @@ class VPTQLinear(VPTQQuantLinear):
 
 
 class VPTQCudaLinear(VPTQQuantLinear):
-    """VPTQ on CUDA through Triton (``triton/vptq_mv.py``): M <= 4 a split-K GEMV gathering codebook vectors
+    """VPTQ on CUDA through Triton (``triton/vptq_mv.py``): M = 1 a split-K GEMV gathering codebook vectors
     from the packed codes, M <= 16 the same decoded tiles on tensor cores; above, the weight decoded once per call,
     then one matmul. Outlier columns (a few percent of K) are decoded by the Torch path and multiplied in beside
     it."""
@@ -152,7 +152,7 @@ class VPTQCudaLinear(VPTQQuantLinear):
 
     @classmethod
     def describe_runs(cls, problem: Problem, target: Target) -> str:
-        return ("M <= 4: Triton split-K GEMV decoding the packed codes through the codebooks in registers; M <= 16: "
+        return ("M = 1: Triton split-K GEMV decoding the packed codes through the codebooks in registers; M <= 16: "
                 "the decoded tiles times the activations on tensor cores; above: the weight decoded once per call "
                 "by a Triton kernel (transient), then one matmul")
 

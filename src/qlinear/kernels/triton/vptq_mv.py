@@ -4,10 +4,10 @@ Each program decodes a tile of ``BJ`` output vectors (``BJ * V`` rows) by ``BK``
 each code's bits from the packed int32 stream (a 64-bit window over two words), gathers the ``V``-value codebook
 vector (and the residual one), applies the per-column norm, and rounds the value to the codebook dtype after
 each operation and then to the activation dtype, exactly as the producers' dequantization does (launched with
-``enable_fp_fusion=False`` so no multiply-add becomes an FMA). ``vptq_gemv_kernel`` (M <= 4) multiplies the tile
-in registers and adds its partial sums over a K slice into a float32 output (split-K, atomics);
-``vptq_mma_kernel`` (M <= 16) multiplies the same tile on tensor cores; ``vptq_decode_kernel`` writes the decoded
-weight once for one ``torch.matmul`` above that.
+``enable_fp_fusion=False`` so no multiply-add becomes an FMA). ``vptq_gemv_kernel`` (M <= 4 per launch; routed
+M = 1) multiplies the tile in registers and adds its partial sums over a K slice into a float32 output (split-K,
+atomics); ``vptq_mma_kernel`` (M <= 16) multiplies the same tile on tensor cores; ``vptq_decode_kernel`` writes the
+decoded weight once for one ``torch.matmul`` above that.
 
 Inputs are in decoded-column order: the caller gathers ``x[:, perm]`` and the norm ``scale[perm]``.
 """
@@ -18,7 +18,11 @@ import torch
 import triton
 import triton.language as tl
 
+#: Rows the GEMV kernel takes per launch (``force="gemv"`` loops over blocks of this many).
 GEMV_MAX_M = 4
+#: Rows routed to the GEMV: one. On an H100 (``benchmarks/gpu_vptq.py``, 2026-12-05) M = 4 through the GEMV took
+#: 477 us on 4096x14336 against 125 us for M = 16 through the tensor-core kernel, so M = 2..16 take that one.
+GEMV_ROUTE_M = 1
 MMA_MAX_M = 16
 
 
@@ -184,7 +188,7 @@ def vptq_main(x: torch.Tensor, idx: torch.Tensor, cb: torch.Tensor, res: torch.T
               force: str | None = None) -> torch.Tensor:
     """``x [M, KM]`` (decoded-column order, outlier columns removed) times the main weight: float32 ``[M, N]``.
 
-    Paths: ``gemv`` (M <= 4), ``mma`` (M <= 16), else ``dense`` (decode once, then ``torch.matmul``); ``force``
+    Paths: ``gemv`` (M = 1), ``mma`` (M <= 16), else ``dense`` (decode once, then ``torch.matmul``); ``force``
     names one (tests, benchmarks)."""
     m, km = x.shape
     c = _common(idx, p)
@@ -192,7 +196,7 @@ def vptq_main(x: torch.Tensor, idx: torch.Tensor, cb: torch.Tensor, res: torch.T
     s = scale if has_norm else cb
     b = bias if has_norm else cb
     r = res if res is not None else cb
-    path = force or ("gemv" if m <= GEMV_MAX_M else "mma" if m <= MMA_MAX_M else "dense")
+    path = force or ("gemv" if m <= GEMV_ROUTE_M else "mma" if m <= MMA_MAX_M else "dense")
     if path == "dense":
         return torch.matmul(x, decode_main(idx, cb, res, scale, bias, p, n, km, x.dtype).t()).float()
     y = torch.zeros(m, n, dtype=torch.float32, device=x.device)
