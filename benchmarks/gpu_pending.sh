@@ -5,7 +5,7 @@
 #     bash benchmarks/gpu_pending.sh
 # Copy $OUT/*.md to benchmarks/results/h200-<name>-<date>.md and the numbers into docs/performance.md.
 set -u
-export PYTHONPATH="$PWD/src"
+export PYTHONPATH="$PWD/src:$PWD/benchmarks"
 OUT="${OUT:-/tmp/gpu_pending}"
 mkdir -p "$OUT"
 export OUT
@@ -17,8 +17,12 @@ run() {  # name, time limit (s), command...
     timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "$name failed ($?)"; status=1; }
     tail -n 5 "$OUT/$name.log"
 }
-# pytest for the thread test, from wheels carried in .whl/ where the image has none
+# pytest for the thread test, from wheels carried in .whl/ where the image has none (pip download -d .whl pytest gguf)
 python -c "import pytest" 2>/dev/null || { [ -d .whl ] && python -m pip install -q --no-index --find-links .whl pytest; }
+# gguf-py for the GGUF conformance oracle (pure Python; numpy and pyyaml are on the image)
+python -c "import gguf" 2>/dev/null || { [ -d .whl ] && python -m pip install -q --no-deps --no-index --find-links .whl gguf; }
+# the EXL3 M = 1 launch sweep (prefetch, tiles per program, warps) and the two transforms timed alone
+run gpu_exl3_parts 200 python benchmarks/gpu_exl3_parts.py
 # issue 23: every declared combination of the CUDA kernels against float64, and one layer on 8 CUDA streams
 run conformance_cuda 150 python benchmarks/gpu_check.py --conformance
 run threads_cuda 60 python -m pytest -q tests/test_thread_safety.py -k cuda

@@ -100,8 +100,9 @@ def two_words(bits: int) -> bool:
 TILES_N = 32
 #: Fewest k tiles a program sums before the launcher stops splitting K further.
 MIN_K_TILES = 8
-#: Warps per program, and whether the next k tile's words are loaded while this one decodes.
-WARPS, PREFETCH = 4, True
+#: Warps per program, and whether the next k tile's words are loaded while this one decodes: off, as measured on
+#: the H100 (prefetch is interpreter-checked but untimed; ``benchmarks/gpu_exl3_parts.py`` sweeps both).
+WARPS, PREFETCH = 4, False
 
 
 def gemv_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str, sms: int,
