@@ -21,11 +21,11 @@ run() {  # name, time limit (s), command...
 python -c "import pytest" 2>/dev/null || { [ -d .whl ] && python -m pip install -q --no-index --find-links .whl pytest; }
 # gguf-py for the GGUF conformance oracle (pure Python; numpy and pyyaml are on the image)
 python -c "import gguf" 2>/dev/null || { [ -d .whl ] && python -m pip install -q --no-deps --no-index --find-links .whl gguf; }
-# the EXL3 M = 1 launch sweep (prefetch, tiles per program, warps) and the two transforms timed alone
-run gpu_exl3_parts 200 python benchmarks/gpu_exl3_parts.py
 # issue 23: every declared combination of the CUDA kernels against float64, and one layer on 8 CUDA streams
 run conformance_cuda 150 python benchmarks/gpu_check.py --conformance
 run threads_cuda 60 python -m pytest -q tests/test_thread_safety.py -k cuda
+# the EXL3 M = 1 launch sweep (prefetch, tiles per program, warps) and the two transforms timed alone
+run gpu_exl3_parts 200 python benchmarks/gpu_exl3_parts.py
 # issue 24: the fast paths of the new formats (checks, then time vs bf16 cuBLAS at M = 1 .. 256)
 run gpu_exl3 120 python benchmarks/gpu_exl3.py
 run gpu_vptq 120 python benchmarks/gpu_vptq.py
