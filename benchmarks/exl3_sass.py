@@ -56,23 +56,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bits", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--gemv", action="store_true", help="the M = 1 kernel (exl3_gemv.py)")
-    parser.add_argument("--tiles-n", type=int, default=exl3_gemv.TILES_N)
+    parser.add_argument("--tiles-n", type=int, help="n tiles per program (default: exl3_gemv.launch_shape)")
+    parser.add_argument("--warps", type=int, help="warps per program (default: the launch shape's, 4 for exl3_mv)")
     args = parser.parse_args()
-    warps = 4
     if args.gemv:
-        kernel, ptrs, per_thread = exl3_gemv.exl3_gemv_kernel, _GEMV, 256 * args.tiles_n / (32 * warps)
-        print(f"exl3_gemv_kernel sm_90, NTN={args.tiles_n} {warps} warps, {per_thread:.0f} weights/thread/trip")
+        kernel, ptrs = exl3_gemv.exl3_gemv_kernel, _GEMV
+        print(f"exl3_gemv_kernel sm_90, prefetch {exl3_gemv.PREFETCH}; n tiles / warps per width as launched "
+              "unless given")
     else:
         bk, bn = exl3_mv.BLOCK_K, exl3_mv.BLOCK_N
-        kernel, ptrs, per_thread = exl3_mv.exl3_mv_kernel, _MV, bk * bn / (32 * warps)
-        print(f"exl3_mv_kernel sm_90, BM=16 BK={bk} BN={bn} {warps} warps, {per_thread:.0f} weights/thread/trip")
-    print("bits codebook  regs spills loop_instr instr/weight LDG/weight")
+        kernel, ptrs = exl3_mv.exl3_mv_kernel, _MV
+        print(f"exl3_mv_kernel sm_90, BM=16 BK={bk} BN={bn}")
+    print("bits codebook tiles warps  regs spills loop_instr instr/weight LDG/weight")
     for bits in args.bits:
         for cb, name in enumerate(exl3_mv.CODEBOOKS):
             if args.gemv:
-                consts = dict(BITS=bits, CB=cb, NTN=args.tiles_n, TWO_WORDS=exl3_gemv.two_words(bits), ATOMIC=True,
+                tiles, warps = exl3_gemv.launch_shape(bits)
+                tiles, warps = args.tiles_n or tiles, args.warps or warps
+                per_thread = 256 * tiles / (32 * warps)
+                consts = dict(BITS=bits, CB=cb, NTN=tiles, TWO_WORDS=exl3_gemv.two_words(bits), ATOMIC=True,
                               PREFETCH=exl3_gemv.PREFETCH)
             else:
+                tiles, warps = bn // 16, args.warps or 4
+                per_thread = bk * bn / (32 * warps)
                 consts = dict(BITS=bits, CB=cb, BM=16, BK=bk, BN=bn, ATOMIC=True)
             sig = {a: "constexpr" if a in consts else ptrs.get(a, "i32") for a in kernel.arg_names}
             c = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
@@ -81,8 +87,8 @@ def main() -> None:
             loop = k_loop(sass)
             spills = len(re.findall(r"\bSTL\b", sass))
             ldg = sum(op.startswith("LDG") for op in loop)
-            print(f"{bits:4d} {name:9s} {registers(c.asm['cubin']):>5s} {spills:6d} {len(loop):10d} "
-                  f"{len(loop) / per_thread:12.2f} {ldg / per_thread:10.3f}", flush=True)
+            print(f"{bits:4d} {name:9s} {tiles:5d} {warps:5d} {registers(c.asm['cubin']):>5s} {spills:6d} "
+                  f"{len(loop):10d} {len(loop) / per_thread:12.2f} {ldg / per_thread:10.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -95,24 +95,35 @@ def two_words(bits: int) -> bool:
     return all(((8 * lane + 1) * bits - 16) % (256 * bits) % 32 + 7 * bits + 16 <= 64 for lane in range(32))
 
 
-#: n tiles per program (4 warps): the offline sm_90 SASS of the K loop gives about 8.7 instructions and 0.28 global
-#: loads per weight at 32 (3inst, 4-bit), 9.1 at 16, 11.0 at 4, no spills (``benchmarks/exl3_sass.py --gemv``).
-TILES_N = 32
+#: Launch shape by trellis width, measured on an H100 (``benchmarks/gpu_exl3_parts.py``,
+#: ``results/h100-gpu-exl3-parts-2026-12-05.md``; M = 1, 4096x14336 / 14336x4096, us): widths up to 3 take 16 n tiles
+#: per program with 4 warps (2-bit 40.0 / 35.9; at 32 tiles 59.0 / 58.5), wider ones 8 tiles with 8 warps (4-bit
+#: 41.5 / 35.2; at 32 tiles 82.7 / 75.0); both with the next k tile's words loaded while this one decodes (2-bit at 16
+#: tiles without: 41.3 / 37.0; 4-bit at 8 tiles, 8 warps, without: 44.1 / 39.4). The block decode + ``tl.dot`` kernel
+#: took 94-96 / 83 us. The sm_90 SASS (``benchmarks/exl3_sass.py --gemv``) counts about 9 instructions per weight;
+#: the kernel is bound by memory latency, not by issue.
+LAUNCH = {"narrow": (16, 4), "wide": (8, 8)}  # (n tiles per program, warps)
+#: Load the next k tile's words while decoding this one.
+PREFETCH = True
 #: Fewest k tiles a program sums before the launcher stops splitting K further.
 MIN_K_TILES = 8
-#: Warps per program, and whether the next k tile's words are loaded while this one decodes: off, as measured on
-#: the H100 (prefetch is interpreter-checked but untimed; ``benchmarks/gpu_exl3_parts.py`` sweeps both).
-WARPS, PREFETCH = 4, False
+
+
+def launch_shape(bits: int) -> tuple[int, int]:
+    """(n tiles per program, warps) for a trellis width (see ``LAUNCH``)."""
+    return LAUNCH["narrow" if bits <= 3 else "wide"]
 
 
 def gemv_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str, sms: int,
-                 tiles_n: int = TILES_N, split: int | None = None, warps: int = WARPS,
+                 tiles_n: int | None = None, split: int | None = None, warps: int | None = None,
                  prefetch: bool = PREFETCH) -> torch.Tensor:
     """float32 ``[1, N]`` = float16 ``xh [1, K]`` @ inner weight, for a trellis ``[K/16, N/16, 16 bits]`` already
-    checked by ``exl3_mv.check_trellis`` (``sms``: SM count for the K split; ``tiles_n``: a power of two; ``split``
-    a power of two dividing the k tiles, or None for the rule below; ``warps``/``prefetch``: for benchmark sweeps)."""
+    checked by ``exl3_mv.check_trellis`` (``sms``: SM count for the K split). ``tiles_n`` (a power of two),
+    ``warps`` and ``split`` (a divisor of the k tiles) override ``launch_shape`` and the split rule, for sweeps."""
     kt, nt = trellis.shape[:2]
-    ntn = tiles_n
+    shape_n, shape_warps = launch_shape(bits)
+    ntn = tiles_n or shape_n
+    warps = warps or shape_warps
     while nt % ntn:
         ntn //= 2
     xh = xh.contiguous()
