@@ -14,6 +14,8 @@ byte order). ``xh`` is read the same way: int32 word ``8 kt + q`` holds rows ``2
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -90,6 +92,7 @@ def exl3_gemv_kernel(x_ptr, u_ptr, y_ptr, n_tiles, kt_split, BITS: tl.constexpr,
         tl.store(cols + 8, y_hi)
 
 
+@functools.cache
 def two_words(bits: int) -> bool:
     """Whether every lane's eight states fit in two 32-bit words (``bits`` 1..4), else three are loaded."""
     return all(((8 * lane + 1) * bits - 16) % (256 * bits) % 32 + 7 * bits + 16 <= 64 for lane in range(32))

@@ -167,7 +167,6 @@ def _descriptor(t: torch.Tensor, block: list[int]):
     """A TMA descriptor over a row-major 2-D tensor with the default (swizzled) shared layout for ``block``."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    bind_cuda_context(t.device)
     layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, GL_DTYPES[t.dtype]))
     return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], block, layout)
 
@@ -175,6 +174,7 @@ def _descriptor(t: torch.Tensor, block: list[int]):
 def qmm5(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None, lock: torch.Tensor | None,
          y: torch.Tensor) -> torch.Tensor:
     """Launch ``qmm5_kernel`` (x gathered to sorted order first when the weight is act-order)."""
+    bind_cuda_context(x2.device)
     m = x2.shape[0]
     x2, kx, bk = gluon_inputs(x2, p, cfg)
     bm, bn = cfg.block_m, cfg.block_n
