@@ -1,7 +1,9 @@
-"""EXL3 at M = 1 on the GPU, part by part: the input and output transforms alone, and the lane-wise decode GEMV
-(``kernels/triton/exl3_gemv.py``) over its launch choices, each checked against the block decode kernel first.
+"""EXL3 on the GPU, part by part: the input and output Hadamard transforms alone (``kernels/triton/hadamard.py``
+over its launch choices, and the same transform through cuBLAS on the ``[M * K / 128, 128]`` view), each checked
+against float64, at M = 1, 16 and 256; and the lane-wise M = 1 decode GEMV (``kernels/triton/exl3_gemv.py``) over its
+launch choices, checked against the block decode kernel first.
 
-    PYTHONPATH=src python benchmarks/gpu_exl3_parts.py [--shapes 4096x14336,14336x4096] [--bits 2,4]
+    PYTHONPATH=src python benchmarks/gpu_exl3_parts.py [--shapes 4096x14336,14336x4096] [--bits 2,4] [--no-gemv]
 
 Times (us, median of CUDA graph replays over enough weight copies to exceed 4x L2, ``gpu_linear.timed``) next to
 bf16 ``F.linear`` at M = 1. GEMV variants: n tiles per program (``tiles_n``), prefetch of the next k tile's words,
@@ -26,31 +28,69 @@ from gpu_report import parse as parse_args
 SHAPES = ((4096, 14336), (14336, 4096))
 DEV = torch.device("cuda")
 VARIANTS = tuple(itertools.product((8, 16, 32), (False, True), (4, 8)))  # (tiles_n, prefetch, warps)
+TRANSFORM_MS = (1, 16, 256)
+#: (rows per program, warps) launches of the butterflies besides the default rule; None: the rule
+TRANSFORM_LAUNCHES = ((None, None), (1, 1), (1, 4), (2, 1), (4, 1), (4, 4), (8, 4), (16, 4), (16, 8))
+
+
+def transform_runs(s: torch.Tensor, y: torch.Tensor, had: torch.Tensor) -> dict[str, tuple]:
+    """name -> (input transform of v, output transform of ``y``) with the scale vector ``s``."""
+    from qlinear.kernels.triton import hadamard
+    from qlinear.layouts import exl3
+
+    runs = {f"butterfly {r or 'rule'} rows x {w or 'rule'} warps": (
+        lambda v, r=r, w=w: hadamard.input_transform(v, s, r, w),
+        lambda v, r=r, w=w: hadamard.output_transform(y, s, None, torch.bfloat16, r, w))
+        for r, w in TRANSFORM_LAUNCHES}
+    runs["cuBLAS on the [M*K/128, 128] view"] = (lambda v: exl3.had_last(v.float() * s, had).half(),
+                                                 lambda v: (exl3.had_last(y, had) * s).bfloat16())
+    return runs
+
+
+def transforms(args: argparse.Namespace) -> None:
+    """Both transforms per launch and through cuBLAS, against float64 ``had_last``; each timed as 20 calls in one
+    graph on an L2-resident activation (as in a decoder step)."""
+    from gpu_linear import timed
+    from qlinear.layouts import exl3
+
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    had, had64 = exl3.hadamard(DEV), exl3.hadamard(DEV, torch.float64)
+    say("## Hadamard transforms (us per call; input: max |diff| to float64 in float16 ulps; output: relative error)")
+    say()
+    say("| K or N | M | launch | input us | input err | output us | output rel err |")
+    say("|---|---|---|---|---|---|---|")
+    for width in sorted({d for shape in args.shapes for d in shape}):
+        s = torch.randn(width, device=DEV, generator=gen)
+        for m in TRANSFORM_MS:
+            x = torch.randn(m, width, device=DEV, dtype=torch.bfloat16, generator=gen)
+            y = torch.randn(m, width, device=DEV, generator=gen)
+            want_in = exl3.had_last(x.double() * s.double(), had64)
+            want_out = exl3.had_last(y.double(), had64) * s.double()
+            ulp = want_in.abs().clamp_min(2 ** -14).log2().floor().exp2() * 2 ** -10
+            for name, (fin, fout) in transform_runs(s, y, had).items():
+                err_in = float(((fin(x).double() - want_in).abs() / ulp).max())
+                err_out = float((fout(x).double() - want_out).norm() / want_out.norm())
+                t_in, t_out = timed([fin] * 20, x, args.reps), timed([fout] * 20, x, args.reps)
+                say(f"| {width} | {m} | {name} | {t_in:.1f} | {err_in:.2f} ulp | {t_out:.1f} | {err_out:.1e} |")
+    say()
 
 
 def sweep(args: argparse.Namespace) -> None:
     from gpu_linear import copies, timed
-    from qlinear.kernels.triton import exl3_gemv, exl3_mv
-    from qlinear.layouts import exl3
+    from qlinear.kernels.triton import exl3_gemv, exl3_mv, hadamard
 
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     gen = torch.Generator(device=DEV).manual_seed(0)
-    had = exl3.hadamard(DEV)
     for k, n in args.shapes:
         wb = bf16_baseline(k, n, gen)
         x = torch.randn(1, k, device=DEV, dtype=torch.bfloat16, generator=gen)
         tb = timed(wb, x, args.reps)
-        su, sv = torch.randn(k, device=DEV, generator=gen), torch.randn(n, device=DEV, generator=gen)
-        y32 = torch.randn(1, n, device=DEV, generator=gen)
-        t_in = timed([lambda v, su=su: exl3_mv.input_transform(v, su, had)], x, args.reps)
-        t_out = timed([lambda v, y=y32, s=sv: exl3_mv.output_transform(y, s, None, had, torch.bfloat16)], x,
-                      args.reps)
-        say(f"## {k}x{n}: bf16 F.linear {tb:.1f} us; input transform {t_in:.1f} us; output transform "
-            f"{t_out:.1f} us")
+        su = torch.randn(k, device=DEV, generator=gen)
+        say(f"## {k}x{n} M = 1 GEMV: bf16 F.linear {tb:.1f} us")
         say()
         say("| bits | tiles_n | prefetch | warps | us | / bf16 | rel diff vs block kernel |")
         say("|---|---|---|---|---|---|---|")
-        xh = exl3_mv.input_transform(x, su, had)
+        xh = hadamard.input_transform(x, su)
         for bits in args.bits:
             trs = [torch.randint(-(1 << 15), 1 << 15, (k // 16, n // 16, 16 * bits), device=DEV, dtype=torch.int16,
                                  generator=gen) for _ in range(copies(k * n * bits // 8))]
@@ -74,8 +114,16 @@ def sweep(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> str:
     p = parser(__doc__, SHAPES, (1,), reps=30)
     p.add_argument("--bits", default="2,4")
+    p.add_argument("--no-gemv", action="store_true", help="time the transforms only")
+
     args = parse_args(p, argv, "bits")
-    return run("gpu_exl3_parts", "EXL3 M = 1 parts", argv, args.out, lambda: sweep(args))
+
+    def body() -> None:
+        transforms(args)
+        if not args.no_gemv:
+            sweep(args)
+
+    return run("gpu_exl3_parts", "EXL3 parts", argv, args.out, body)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,13 @@ CASES = {
                                                         PREFETCH=True), _GEMV),
     "gemv-6bit-mul1": ("exl3_gemv_kernel", dict(BITS=6, CB=2, NTN=8, TWO_WORDS=False, ATOMIC=False,
                                                 PREFETCH=False), _GEMV),
-    "had-in-bf16": ("had_in_kernel", dict(BM=16), {"x_ptr": "*bf16", "s_ptr": "*fp32", "h_ptr": "*fp32",
-                                                   "o_ptr": "*fp16"}),
+    "had-in-bf16-1row": ("had_in_kernel", dict(BM=1), {"x_ptr": "*bf16", "s_ptr": "*fp32", "o_ptr": "*fp16",
+                                                        "scale": "fp32"}),
+    "had-in-fp16": ("had_in_kernel", dict(BM=16), {"x_ptr": "*fp16", "s_ptr": "*fp32", "o_ptr": "*fp16",
+                                                   "scale": "fp32"}),
     "had-out-bias": ("had_out_kernel", dict(HAS_BIAS=True, BM=16), {"y_ptr": "*fp32", "s_ptr": "*fp32",
-                                                                    "b_ptr": "*fp16", "h_ptr": "*fp32",
-                                                                    "o_ptr": "*bf16"}),
+                                                                    "b_ptr": "*fp16", "o_ptr": "*bf16",
+                                                                    "scale": "fp32"}),
 }
 
 
@@ -32,17 +34,18 @@ def main() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from qlinear.kernels.triton import exl3_gemv, exl3_mv
+    from qlinear.kernels.triton import exl3_gemv, exl3_mv, hadamard
 
     for name, (kernel_name, consts, ptrs) in CASES.items():
-        kernel = getattr(exl3_gemv if kernel_name.startswith("exl3_gemv") else exl3_mv, kernel_name)
+        module = exl3_gemv if kernel_name.startswith("exl3_gemv") else hadamard if "had" in kernel_name else exl3_mv
+        kernel = getattr(module, kernel_name)
         sig = {a: "constexpr" if a in consts else ptrs.get(a, "i32") for a in kernel.arg_names}
         try:
             compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                                       options={"num_warps": 4})
             print(name, "ok", len(compiled.asm["cubin"]), flush=True)
         except Exception as err:  # reported to the test, which fails or skips with it
-            print(name, "err", type(err).__name__, str(err).replace("\n", " ")[:500], flush=True)
+            print(name, "err", type(err).__name__, str(err).replace("\n", " ")[-800:], flush=True)
 
 
 if __name__ == "__main__":

@@ -94,16 +94,38 @@ def test_layer_forward_matches_torch_kernel(mv, monkeypatch, m: int, dtype: torc
     torch.testing.assert_close(y.float(), torch_layer(x).float(), rtol=3e-3, atol=3e-3)
 
 
-def test_transforms_match_torch(mv) -> None:
-    g = torch.Generator().manual_seed(3)
-    x, su = torch.randn(5, 256, generator=g), torch.randn(256, generator=g)
-    h = exl3.hadamard()
-    ours = mv.input_transform(x, su, h)
-    torch.testing.assert_close(ours, exl3.had_last(x * su, h).half(), rtol=1e-3, atol=0)
-    y, sv, b = torch.randn(5, 384, generator=g), torch.randn(384, generator=g), torch.randn(384, generator=g).half()
-    want = exl3.had_last(y, h) * sv + b.float()
-    torch.testing.assert_close(mv.output_transform(y, sv, b, h, torch.float32), want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(mv.output_transform(y, sv, None, h, torch.bfloat16), (want - b.float()).bfloat16())
+@pytest.mark.parametrize("m", [1, 3, 16, 21])
+def test_transforms_match_float64(mv, m: int) -> None:
+    """The butterflies (``hadamard.py``) against ``x @ H`` in float64: the input within one float16 rounding plus
+    float32 summation error (which matters only where the 128 terms cancel), the output to float32 rounding; every
+    launch size (1 row, a partial block, a full one, one past it)."""
+    from qlinear.kernels.triton import hadamard
+
+    g = torch.Generator().manual_seed(3 + m)
+    h64 = exl3.hadamard(dtype=torch.float64)
+    x, su = torch.randn(m, 256, generator=g).bfloat16(), torch.randn(256, generator=g)
+    want = exl3.had_last(x.double() * su.double(), h64)
+    ours = hadamard.input_transform(x, su)
+    assert ours.dtype == torch.float16
+    ulp = want.abs().clamp_min(2 ** -14).log2().floor().exp2() * 2 ** -10
+    assert bool(((ours.double() - want).abs() <= 0.5 * ulp + 1e-6 * want.abs().max()).all())
+    y, sv, b = torch.randn(m, 384, generator=g), torch.randn(384, generator=g), torch.randn(384, generator=g).half()
+    want = exl3.had_last(y.double(), h64) * sv.double() + b.double()
+    torch.testing.assert_close(hadamard.output_transform(y, sv, b, torch.float32).double(), want,
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hadamard.output_transform(y, sv, None, torch.bfloat16),
+                               (want - b.double()).bfloat16())
+
+
+def test_transform_errors(mv) -> None:
+    from qlinear.kernels.triton import hadamard
+
+    with pytest.raises(ValueError, match=r"x: expected \[M, 256\].*found \[2, 128\]"):
+        hadamard.input_transform(torch.zeros(2, 128), torch.zeros(256))
+    with pytest.raises(ValueError, match="multiple of 128"):
+        hadamard.output_transform(torch.zeros(2, 100), torch.zeros(100), None, torch.float32)
+    with pytest.raises(ValueError, match="unit column stride"):
+        hadamard.input_transform(torch.zeros(256, 2).t(), torch.zeros(256))
 
 
 def test_launcher_errors(mv) -> None:

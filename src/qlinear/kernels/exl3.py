@@ -150,20 +150,20 @@ class ExllamaV3Linear(Exl3QuantLinear):
     @classmethod
     def describe_runs(cls, problem: Problem, target: Target) -> str:
         return ("M = 1: lane-wise trellis-decode GEMV; M <= 32: fused trellis-decode GEMM (Triton, split-K); above: "
-                "float16 weight decoded per call, then cuBLAS; input/output Hadamard transforms as two small Triton "
-                "kernels")
+                "float16 weight decoded per call, then cuBLAS; input/output Hadamard transforms as two Triton "
+                "butterfly kernels")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from .triton import exl3_mv
+        from .triton import exl3_mv, hadamard
 
         self.check_input(x, "cuda")
         self.ensure_prepared()
         x2 = x.reshape(-1, self.in_features)
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
-        xh = exl3_mv.input_transform(x2, self._rt_suh, self._rt_had)
+        xh = hadamard.input_transform(x2, self._rt_suh)
         y = exl3_mv.inner_product(xh, self.trellis, self.params.bits, self.params.codebook)
-        y = exl3_mv.output_transform(y, self._rt_svh, self.bias, self._rt_had, x.dtype)
+        y = hadamard.output_transform(y, self._rt_svh, self.bias, x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
 

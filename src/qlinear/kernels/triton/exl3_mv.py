@@ -5,8 +5,8 @@ Both decode a ``[BK, BN]`` block of the inner weight straight from the int16 tre
 weight at tile row ``r`` / column ``c`` the stream position ``t`` follows from the mma fragment order, its state is
 the 16 stream bits ending with symbol ``t`` (two words, read cyclically within the tile, pairs swapped), and the
 codebook turns the state into the float16 value exllamav3's ``decode_3inst<cb>`` gives (one rounding of the exact
-float32 result). The input transform (``x * suh``, 128-point Hadamard, rounded to float16) and the output transform
-(Hadamard, ``* svh``, bias) are two small kernels of their own (float32 ``tl.dot`` with the Hadamard matrix).
+float32 result). The input and output transforms around the product are butterflies of their own
+(``hadamard.py``).
 """
 
 from __future__ import annotations
@@ -82,52 +82,6 @@ def exl3_decode_kernel(tr_ptr, w_ptr, n_tiles, BITS: tl.constexpr, CB: tl.conste
     k = k0 + tl.arange(0, BK)
     n = n0 + tl.arange(0, BN)
     tl.store(w_ptr + k[:, None] * (n_tiles * 16) + n[None, :], wt)
-
-
-@triton.jit
-def had_in_kernel(x_ptr, s_ptr, h_ptr, o_ptr, M, K, stride_xm, BM: tl.constexpr):
-    """``o[M, K] = float16(H(x * s))``: one 128-column block of ``BM`` rows per program, float32 arithmetic."""
-    m = tl.program_id(0) * BM + tl.arange(0, BM)
-    i = tl.arange(0, 128)
-    cols = tl.program_id(1) * 128 + i
-    rows = m[:, None] < M
-    x = tl.load(x_ptr + m[:, None] * stride_xm + cols[None, :], mask=rows, other=0.0).to(tl.float32)
-    xs = x * tl.load(s_ptr + cols)[None, :]
-    o = tl.dot(xs, tl.load(h_ptr + i[:, None] * 128 + i[None, :]), input_precision="ieee")
-    tl.store(o_ptr + m[:, None] * K + cols[None, :], o.to(tl.float16), mask=rows)
-
-
-@triton.jit
-def had_out_kernel(y_ptr, s_ptr, b_ptr, h_ptr, o_ptr, M, N, HAS_BIAS: tl.constexpr, BM: tl.constexpr):
-    """``o[M, N] = H(y) * s (+ b)`` in float32, stored in ``o``'s dtype; one 128-column block of ``BM`` rows."""
-    m = tl.program_id(0) * BM + tl.arange(0, BM)
-    i = tl.arange(0, 128)
-    cols = tl.program_id(1) * 128 + i
-    rows = m[:, None] < M
-    y = tl.load(y_ptr + m[:, None] * N + cols[None, :], mask=rows, other=0.0)
-    o = tl.dot(y, tl.load(h_ptr + i[:, None] * 128 + i[None, :]), input_precision="ieee")
-    o = o * tl.load(s_ptr + cols)[None, :]
-    if HAS_BIAS:
-        o = o + tl.load(b_ptr + cols).to(tl.float32)[None, :]
-    tl.store(o_ptr + m[:, None] * N + cols[None, :], o.to(o_ptr.dtype.element_ty), mask=rows)
-
-
-def input_transform(x: torch.Tensor, su: torch.Tensor, had: torch.Tensor) -> torch.Tensor:
-    """float16 ``H(x * su)`` of ``x [M, K]`` (unit column stride) with float32 ``su [K]`` and ``had [128, 128]``."""
-    m, k = x.shape
-    out = torch.empty(m, k, dtype=torch.float16, device=x.device)
-    had_in_kernel[(-(-m // 16), k // 128)](x, su, had, out, m, k, x.stride(0), BM=16)
-    return out
-
-
-def output_transform(y: torch.Tensor, sv: torch.Tensor, bias: torch.Tensor | None, had: torch.Tensor,
-                     dtype: torch.dtype) -> torch.Tensor:
-    """``H(y) * sv + bias`` of float32 ``y [M, N]`` (contiguous), as ``dtype``."""
-    m, n = y.shape
-    out = torch.empty(m, n, dtype=dtype, device=y.device)
-    had_out_kernel[(-(-m // 16), n // 128)](y, sv, sv if bias is None else bias, had, out, m, n,
-                                            HAS_BIAS=bias is not None, BM=16)
-    return out
 
 
 #: Largest M the fused kernel serves; above it the weight is decoded once per call and multiplied by cuBLAS.
