@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--gemv", action="store_true", help="the M = 1 kernel (exl3_gemv.py)")
     parser.add_argument("--tiles-n", type=int, help="n tiles per program (default: exl3_gemv.launch_shape)")
     parser.add_argument("--warps", type=int, help="warps per program (default: the launch shape's, 4 for exl3_mv)")
+    parser.add_argument("--rows", type=int, default=1, help="rows per program of the GEMV (MB)")
     args = parser.parse_args()
     if args.gemv:
         kernel, ptrs = exl3_gemv.exl3_gemv_kernel, _GEMV
@@ -73,9 +74,11 @@ def main() -> None:
             if args.gemv:
                 tiles, warps = exl3_gemv.launch_shape(bits)
                 tiles, warps = args.tiles_n or tiles, args.warps or warps
+                while args.tiles_n is None and tiles * args.rows > exl3_gemv.MAX_ROW_TILES:
+                    tiles //= 2
                 per_thread = 256 * tiles / (32 * warps)
                 consts = dict(BITS=bits, CB=cb, NTN=tiles, TWO_WORDS=exl3_gemv.two_words(bits), ATOMIC=True,
-                              PREFETCH=exl3_gemv.PREFETCH)
+                              PREFETCH=exl3_gemv.PREFETCH, MB=args.rows)
             else:
                 tiles, warps = bn // 16, args.warps or 4
                 per_thread = bk * bn / (32 * warps)

@@ -129,18 +129,18 @@ def timing(args: argparse.Namespace) -> None:
                 tl_, tk = timed(runs[bits][0], x, args.reps), timed(runs[bits][1], x, args.reps)
                 cells.append(f"{tl_:.1f} | {tl_ / tb:.2f} | {tk:.1f} | {tk / tb:.2f}")
             say(f"| {k}x{n} | {m} | {tb:.1f} | " + " | ".join(cells) + " |")
-            if m == 1:  # the lane-wise GEMV (what inner_product runs at M = 1) against the block decode + tl.dot
+            if m <= exl3_mv.FUSED_MAX_M:  # the block decode + tl.dot, where inner_product may run the GEMV
                 block = [timed(runs[bits][2], x, args.reps) for bits in args.bits]
-                gemv_vs_block.append(f"| {k}x{n} | " + " | ".join(f"{t:.1f}" for t in block) + " |")
+                gemv_vs_block.append(f"| {k}x{n} | {m} | " + " | ".join(f"{t:.1f}" for t in block) + " |")
         del wb, runs
         torch.cuda.empty_cache()
     say()
     if gemv_vs_block:
-        say("M = 1 through the block decode + tl.dot kernel (`exl3_mv.fused_product`), us, for comparison with the "
-            "kernel columns above (the lane-wise GEMV):")
+        say(f"M <= {exl3_mv.FUSED_MAX_M} through the block decode + tl.dot kernel (`exl3_mv.fused_product`), us, "
+            f"for comparison with the kernel columns above (the lane-wise GEMV up to M = {exl3_mv.GEMV_MAX_M}):")
         say()
-        say("| K x N | " + " | ".join(f"{b}-bit block kernel" for b in args.bits) + " |")
-        say("|---|" + "---|" * len(args.bits))
+        say("| K x N | M | " + " | ".join(f"{b}-bit block kernel" for b in args.bits) + " |")
+        say("|---|---|" + "---|" * len(args.bits))
         for line in gemv_vs_block:
             say(line)
         say()

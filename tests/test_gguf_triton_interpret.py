@@ -131,6 +131,21 @@ def test_forward_picks_variants_and_keeps_shape() -> None:
     assert np.array_equal(lay.dequantize().numpy(), w64.astype(np.float32))
 
 
+@pytest.mark.parametrize("qtype", [G.GGMLType.Q4_K, G.GGMLType.Q6_K, G.GGMLType.Q4_0, G.GGMLType.Q5_1])
+def test_dense_decoders_agree_bit_for_bit(monkeypatch, qtype: G.GGMLType) -> None:
+    """The dense variant's transient rows: the Triton dequant kernel straight into bfloat16 equals the oracle's
+    float32 weight (which ``dequantize`` matches bit for bit) rounded to bfloat16, as the torch decoders' cast does;
+    rows 5..30 of 37."""
+    from qlinear.kernels import gguf_triton
+
+    lay, w64, _ = layer(qtype, 37, 512)
+    want = torch.from_numpy(w64[5:30].astype(np.float32)).bfloat16()
+    for decoder in ("triton", "torch"):
+        monkeypatch.setattr(gguf_triton, "DENSE_DECODER", decoder)
+        got = lay.dense_rows(5, 30, torch.bfloat16)
+        assert got.dtype == torch.bfloat16 and torch.equal(got, want), decoder
+
+
 def test_selection_reasons() -> None:
     cuda = Target.fake_cuda((9, 0), modules={"triton": True})
     for qt in ("Q4_K", "Q4_0", "Q6_K", "Q5_1", "Q1_0_G128"):

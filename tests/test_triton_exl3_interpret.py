@@ -1,8 +1,8 @@
 """The EXL3 Triton kernels (``kernels/triton/exl3_mv.py``) in Triton's CPU interpreter: the decode pass gives the
 Torch layout's float16 inner weight bit for bit (every codebook, widths 1..8); the fused GEMM (split-K with
 atomics and without, M past one 16-row block) equals ``xh @ inner`` up to float32 summation order (above
-``FUSED_MAX_M``: the decoded weight times ``xh`` in float16, float16 output, within 1e-3), and so does the M = 1
-GEMV (``exl3_gemv.py``) at every width and codebook; the layer's
+``FUSED_MAX_M``: the decoded weight times ``xh`` in float16, float16 output, within 1e-3), and so does the
+GEMV (``exl3_gemv.py``, M = 1 and blocks of rows) at every width and codebook; the layer's
 ``ExllamaV3Linear.forward`` (input transform, product, output transform, all Triton) equals ``ExllamaV3TorchLinear``
 up to the float16 rounding of the transformed input that the Triton path applies, as exllamav3 does.
 
@@ -67,6 +67,22 @@ def test_gemv_matches_float64(mv, bits: int, cb: str) -> None:
         ref = xh.double() @ ref_w
         assert y.dtype == torch.float32 and y.shape == (1, 384)
         torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize(("bits", "cb", "m", "rows", "sms"), [(2, "3inst", 2, None, 64), (4, "mcg", 3, None, 1),
+                                                             (5, "mul1", 8, None, 64), (6, "3inst", 11, 4, 64),
+                                                             (3, "mcg", 16, None, 1)])
+def test_gemv_rows_match_float64(mv, bits: int, cb: str, m: int, rows: int | None, sms: int) -> None:
+    """Several rows through the GEMV: every row of a block multiplies the same decoded weights (rows past M masked
+    off in the last block), with split K (atomics) and without, two- and three-word windows."""
+    from qlinear.kernels.triton import exl3_gemv
+
+    tr = trellis(256, 256, bits, seed=20 + m)
+    xh = torch.randn(m, 256, generator=torch.Generator().manual_seed(m)).half()
+    y = exl3_gemv.gemv_product(xh, tr, bits, cb, sms=sms, rows=rows)
+    ref = xh.double() @ exl3.inner_weight(tr, bits, exl3.codebook_table(cb)).double()
+    assert y.dtype == torch.float32 and y.shape == (m, 256)
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
 
 
 @pytest.mark.parametrize(("m", "sms"), [(1, 4), (5, 1), (20, 2), (40, 4)])

@@ -44,6 +44,9 @@ AFFINE_RUNNABLE = frozenset({T.Q4_0, T.Q4_1, T.Q4_K})
 #: GPTQ variants without an additive per-group offset (the affine runtime needs one)
 NO_OFFSETS = ("skinny", "skinny3", "gemm", "gemm5", "gemm4", "gemm3")
 AFFINE_BUFFERS = ("_af_qweight", "_af_scales", "_af_offsets", "_af_supers", "_af_perm")
+#: which decoder forms the ``dense`` variant's transient weight chunk: "triton" (``dequant_kernel`` straight into the
+#: activation dtype, one launch) or "torch" (``layouts/gguf`` decoders in float32, then a cast); both are exact
+DENSE_DECODER = "triton"
 
 
 class GGUFTritonKernel(GGUFQuantLinear):
@@ -151,13 +154,19 @@ class GGUFTritonKernel(GGUFQuantLinear):
         step = max(64, MAX_DENSE // max(1, k) // 64 * 64)
         parts = []
         for n0 in range(0, n, step):  # the dense chunk lives only inside this loop iteration
-            # torch's decoders measured faster than the Triton dequant kernel for whole weights on the H200
-            # (benchmarks/results/h200-gguf_gemm-2026-12-02.md); both are exact.
-            w = self.decode_rows(n0, min(n, n0 + step)).to(x2.dtype)
+            w = self.dense_rows(n0, min(n, n0 + step), x2.dtype)
             b = None if self.bias is None else self.bias[n0:n0 + step].to(x2.dtype)
             parts.append(x2 @ w.t() if b is None else torch.addmm(b, x2, w.t()))
             del w
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    def dense_rows(self, n0: int, n1: int, dtype: torch.dtype) -> torch.Tensor:
+        """Weight rows ``n0:n1`` in ``dtype`` (the float32 decode rounded once), by ``DENSE_DECODER``."""
+        if DENSE_DECODER == "triton":
+            from .triton import gguf_mm
+
+            return gguf_mm.dequantize(self.qweight[n0:n1], int(self.qtype), self.in_features, dtype=dtype)
+        return self.decode_rows(n0, n1).to(dtype)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The float weight, decoded by the Triton dequant kernel on CUDA (torch decoders elsewhere)."""

@@ -235,3 +235,20 @@ def store_split(Y, BIAS, PART, LOCK, out, offs_m, offs_n, M, N, stride_ym, tile,
                     total += chunk
                 store_out(Y, BIAS, total, rows, offs_n, M, N, stride_ym, HAS_BIAS)
             tl.atomic_xchg(LOCK + tile, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def rne_bf16(v):
+    """float32 -> the nearest-even bfloat16 value, as float32 bits (finite inputs). Triton's interpreter casts
+    float32 to bfloat16 by truncation; compiled casts round to nearest even, as this does."""
+    b = v.to(tl.int32, bitcast=True)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & -65536
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def to_dtype(v, DT: tl.constexpr, BF16_BITS: tl.constexpr):
+    """float32 ``v`` rounded to nearest even in ``DT`` (``BF16_BITS``: by integer arithmetic, for the interpreter)."""
+    if BF16_BITS:
+        return rne_bf16(v).to(DT)
+    return v.to(DT)

@@ -1,4 +1,5 @@
-"""EXL3 decode GEMV for one row (M = 1, the decode step): each lane decodes 8 consecutive trellis positions.
+"""EXL3 decode GEMV for a few rows (the decode step, M = 1 .. 16): each lane decodes 8 consecutive trellis positions
+once and multiplies them with every row of its block of ``MB`` rows.
 
 exllamav3 orders a tile's 256 stream positions so that positions ``8 L .. 8 L + 7`` are exactly what lane ``L``
 holds of the tensor-core fragments (``layouts/exl3.tile_position``): tile row ``r = 8 (s >> 1 & 1) + 2 (L % 4) +
@@ -25,11 +26,13 @@ from .exl3_codebook import codebook_value
 
 
 @triton.jit
-def exl3_gemv_kernel(x_ptr, u_ptr, y_ptr, n_tiles, kt_split, BITS: tl.constexpr, CB: tl.constexpr,
-                     NTN: tl.constexpr, TWO_WORDS: tl.constexpr, ATOMIC: tl.constexpr, PREFETCH: tl.constexpr):
-    """``y[N] (+)= xh[K] @ inner[K, N]`` over k tiles ``pid_k * kt_split ..`` for n tiles ``pid_n * NTN ..``;
-    ``x_ptr`` int32 view of float16 ``xh``, ``u_ptr`` int32 view of the trellis, ``y_ptr`` float32. ``PREFETCH``:
-    load the next k tile's words before decoding this one (hides the load latency when few warps are resident)."""
+def exl3_gemv_kernel(x_ptr, u_ptr, y_ptr, M, stride_xw, n_tiles, kt_split, BITS: tl.constexpr, CB: tl.constexpr,
+                     NTN: tl.constexpr, TWO_WORDS: tl.constexpr, ATOMIC: tl.constexpr, PREFETCH: tl.constexpr,
+                     MB: tl.constexpr):
+    """``y[M, N] (+)= xh[M, K] @ inner[K, N]`` over k tiles ``pid_k * kt_split ..`` for n tiles ``pid_n * NTN ..``
+    and rows ``pid_m * MB ..``; ``x_ptr`` int32 view of float16 ``xh`` (``stride_xw`` words a row), ``u_ptr``
+    int32 view of the trellis, ``y_ptr`` float32 (contiguous). ``PREFETCH``: load the next k tile's words before
+    decoding this one (hides the load latency when few warps are resident)."""
     WORDS: tl.constexpr = 8 * BITS  # int32 words per tile
     lane = tl.arange(0, 32)
     start = ((8 * lane + 1) * BITS + (256 * BITS - 16)) % (256 * BITS)  # first bit of the lane's first state
@@ -41,8 +44,11 @@ def exl3_gemv_kernel(x_ptr, u_ptr, y_ptr, n_tiles, kt_split, BITS: tl.constexpr,
     o1 = tile + ((first + 1) % WORDS)[None, :]
     o2 = tile + ((first + 2) % WORDS)[None, :]
     q = lane % 4
-    acc_lo = tl.zeros((NTN, 32), dtype=tl.float32)  # columns c < 8 of each tile
-    acc_hi = tl.zeros((NTN, 32), dtype=tl.float32)
+    rows = tl.program_id(2) * MB + tl.arange(0, MB)
+    x_rows = x_ptr + rows[:, None] * stride_xw + q[None, :]
+    live = (rows < M)[:, None]
+    acc_lo = tl.zeros((MB, NTN, 32), dtype=tl.float32)  # columns c < 8 of each tile
+    acc_hi = tl.zeros((MB, NTN, 32), dtype=tl.float32)
     kt0 = tl.program_id(1) * kt_split
     kt_last = kt0 + kt_split - 1
     tp = u_ptr + kt0 * n_tiles * WORDS
@@ -65,8 +71,8 @@ def exl3_gemv_kernel(x_ptr, u_ptr, y_ptr, n_tiles, kt_split, BITS: tl.constexpr,
         win01 = (c0.to(tl.uint32, bitcast=True).to(tl.uint64) << 32) | w1
         if not TWO_WORDS:
             win12 = (w1 << 32) | c2.to(tl.uint32, bitcast=True).to(tl.uint64)
-        x_rows_lo = tl.load(x_ptr + kt * 8 + q).to(tl.uint32, bitcast=True)  # rows 2q, 2q + 1
-        x_rows_hi = tl.load(x_ptr + kt * 8 + 4 + q).to(tl.uint32, bitcast=True)  # rows 8 + 2q, 9 + 2q
+        x_rows_lo = tl.load(x_rows + kt * 8, mask=live, other=0).to(tl.uint32, bitcast=True)  # k 2q, 2q + 1
+        x_rows_hi = tl.load(x_rows + kt * 8 + 4, mask=live, other=0).to(tl.uint32, bitcast=True)  # k 8 + 2q, ..
         for s in tl.static_range(8):
             rel = rel0 + s * BITS  # the state's first bit, counted from the window's most significant
             if TWO_WORDS:
@@ -78,18 +84,19 @@ def exl3_gemv_kernel(x_ptr, u_ptr, y_ptr, n_tiles, kt_split, BITS: tl.constexpr,
             xw = x_rows_hi if (s >> 1) & 1 else x_rows_lo
             xv = ((xw >> 16) if s & 1 else (xw & 0xFFFF)).to(tl.uint16).to(tl.float16, bitcast=True)
             if s >= 4:
-                acc_hi += xv.to(tl.float32)[None, :] * w
+                acc_hi += xv.to(tl.float32)[:, None, :] * w[None, :, :]
             else:
-                acc_lo += xv.to(tl.float32)[None, :] * w
-    y_lo = tl.sum(tl.reshape(acc_lo, (NTN, 8, 4)), axis=2)  # lane L = 4 (c % 8) + q
-    y_hi = tl.sum(tl.reshape(acc_hi, (NTN, 8, 4)), axis=2)
-    cols = y_ptr + nt[:, None] * 16 + tl.arange(0, 8)[None, :]
+                acc_lo += xv.to(tl.float32)[:, None, :] * w[None, :, :]
+    y_lo = tl.sum(tl.reshape(acc_lo, (MB, NTN, 8, 4)), axis=3)  # lane L = 4 (c % 8) + q
+    y_hi = tl.sum(tl.reshape(acc_hi, (MB, NTN, 8, 4)), axis=3)
+    cols = y_ptr + rows[:, None, None] * (n_tiles * 16) + nt[None, :, None] * 16 + tl.arange(0, 8)[None, None, :]
+    out = (rows < M)[:, None, None]
     if ATOMIC:
-        tl.atomic_add(cols, y_lo)
-        tl.atomic_add(cols + 8, y_hi)
+        tl.atomic_add(cols, y_lo, mask=out)
+        tl.atomic_add(cols + 8, y_hi, mask=out)
     else:
-        tl.store(cols, y_lo)
-        tl.store(cols + 8, y_hi)
+        tl.store(cols, y_lo, mask=out)
+        tl.store(cols + 8, y_hi, mask=out)
 
 
 @functools.cache
@@ -110,6 +117,10 @@ LAUNCH = {"narrow": (16, 4), "wide": (8, 8)}  # (n tiles per program, warps)
 PREFETCH = True
 #: Fewest k tiles a program sums before the launcher stops splitting K further.
 MIN_K_TILES = 8
+#: Most rows one program multiplies with its decoded weights; more rows take more programs (each decodes again).
+MAX_ROWS = 8
+#: Most (rows x n tiles) per program: its float32 sums live in registers, so more rows take fewer n tiles.
+MAX_ROW_TILES = 64
 
 
 def launch_shape(bits: int) -> tuple[int, int]:
@@ -117,31 +128,40 @@ def launch_shape(bits: int) -> tuple[int, int]:
     return LAUNCH["narrow" if bits <= 3 else "wide"]
 
 
+def rows_per_program(m: int) -> int:
+    """Rows a program multiplies with each decoded weight: the power of two holding ``m``, at most ``MAX_ROWS``."""
+    return min(MAX_ROWS, 1 << max(0, m - 1).bit_length())
+
+
 def gemv_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str, sms: int,
                  tiles_n: int | None = None, split: int | None = None, warps: int | None = None,
-                 prefetch: bool = PREFETCH) -> torch.Tensor:
-    """float32 ``[1, N]`` = float16 ``xh [1, K]`` @ inner weight, for a trellis ``[K/16, N/16, 16 bits]`` already
+                 prefetch: bool = PREFETCH, rows: int | None = None) -> torch.Tensor:
+    """float32 ``[M, N]`` = float16 ``xh [M, K]`` @ inner weight, for a trellis ``[K/16, N/16, 16 bits]`` already
     checked by ``exl3_mv.check_trellis`` (``sms``: SM count for the K split). ``tiles_n`` (a power of two),
-    ``warps`` and ``split`` (a divisor of the k tiles) override ``launch_shape`` and the split rule, for sweeps."""
+    ``warps``, ``rows`` (rows per program, a power of two) and ``split`` (a divisor of the k tiles) override
+    ``launch_shape``, ``rows_per_program`` and the split rule, for sweeps."""
     kt, nt = trellis.shape[:2]
+    m = xh.shape[0]
+    mb = rows or rows_per_program(m)
     shape_n, shape_warps = launch_shape(bits)
     ntn = tiles_n or shape_n
     warps = warps or shape_warps
-    while nt % ntn:
+    while nt % ntn or (tiles_n is None and mb * ntn > MAX_ROW_TILES):
         ntn //= 2
     xh = xh.contiguous()
     if xh.data_ptr() % 4:  # the int32 view needs 4-byte alignment
         xh = xh.clone()
-    programs = nt // ntn
+    programs = nt // ntn * -(-m // mb)
     if split is None:
         split = 1
         while programs * split < 2 * sms and kt % (2 * split) == 0 and kt // (2 * split) >= MIN_K_TILES:
             split *= 2
     elif split < 1 or kt % split:
         raise ValueError(f"exl3_gemv: split: expected a divisor of the {kt} k tiles, found {split}")
-    y = (torch.zeros if split > 1 else torch.empty)(1, 16 * nt, dtype=torch.float32, device=xh.device)
-    exl3_gemv_kernel[(programs, split)](xh.view(torch.int32), trellis.view(torch.int32), y, nt, kt // split,
-                                        BITS=bits, CB=CODEBOOKS.index(codebook), NTN=ntn,
-                                        TWO_WORDS=two_words(bits), ATOMIC=split > 1, PREFETCH=prefetch,
-                                        num_warps=warps)
+    y = (torch.zeros if split > 1 else torch.empty)(m, 16 * nt, dtype=torch.float32, device=xh.device)
+    exl3_gemv_kernel[(nt // ntn, split, -(-m // mb))](xh.view(torch.int32), trellis.view(torch.int32), y, m,
+                                                      xh.shape[1] // 2, nt, kt // split, BITS=bits,
+                                                      CB=CODEBOOKS.index(codebook), NTN=ntn,
+                                                      TWO_WORDS=two_words(bits), ATOMIC=split > 1,
+                                                      PREFETCH=prefetch, MB=mb, num_warps=warps)
     return y

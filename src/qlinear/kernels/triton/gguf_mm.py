@@ -7,8 +7,8 @@
   formed in the activation dtype and meet the activations gathered at the same input channels in
   ``tl.dot`` with the weights as the left operand (``acc[BN, BM]``: the tensor core's long side is N, so
   a 16-row input wastes nothing on the weights' side).
-* ``dequant_kernel``: bit-exact float32 (or activation-dtype) weights ``[N, K]``; launched without FP
-  fusion. With torch's matmul it is the ``dense`` variant for large M.
+* ``dequant_kernel``: bit-exact float32 (or activation-dtype: the float32 value rounded once, to nearest even)
+  weights ``[N, K]``; launched without FP fusion. With torch's matmul it is the ``dense`` variant for large M.
 
 Split-K partials go to a float32 scratch ``[SPLIT_K, M, N]``; the last program of a tile (an acq_rel
 counter per tile, reset by that program) sums them in a fixed order and writes y.
@@ -20,8 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import to_dtype
 from .gguf import GEOMS, Geom, field_q, scales, step_tiles, value_pos, weights
 from .gguf_configs import GConfig
+from .runtime import interpreting
 
 #: the last compiled kernel launched (benchmarks inspect registers and spills)
 LAST: dict[str, object] = {}
@@ -192,7 +194,7 @@ def dot_kernel(W, X, Y, BIAS, PART, LOCK, M, N, K, NB, RHW, stride_xm, stride_ym
 def dequant_kernel(W, OUT, N, K, NB, RHW, stride_o,
                    QT: tl.constexpr, B: tl.constexpr, HWB: tl.constexpr, CPB: tl.constexpr, HV: tl.constexpr,
                    HC: tl.constexpr, F: tl.constexpr, G: tl.constexpr, BPS: tl.constexpr,
-                   HAS_MIN: tl.constexpr, BN: tl.constexpr):
+                   HAS_MIN: tl.constexpr, BN: tl.constexpr, BF16_BITS: tl.constexpr):
     NC: tl.constexpr = BPS * CPB
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     s = tl.program_id(1)
@@ -208,7 +210,7 @@ def dequant_kernel(W, OUT, N, K, NB, RHW, stride_o,
             if f % G == g:
                 w = weights(wq, wh, qh, a, cm, c, j, f, QT, CPB, HAS_MIN)
                 kk = s * BPS * B + value_pos(c, hv, j, f, QT, CPB, B)
-                tl.store(dst + kk, w.to(OUT.dtype.element_ty), mask=(rows < N) & (kk < K))
+                tl.store(dst + kk, to_dtype(w, OUT.dtype.element_ty, BF16_BITS), mask=(rows < N) & (kk < K))
 
 
 def _meta(g: Geom, bps: int) -> dict[str, object]:
@@ -235,7 +237,8 @@ def dequantize(qweight: torch.Tensor, qt: int, k: int, dtype: torch.dtype = torc
         return y
     grid = (triton.cdiv(n, block_n), triton.cdiv(nb, g.bps))
     LAST["dequant"] = dequant_kernel[grid](w, y, n, k, nb, w.shape[1], y.stride(0), **_meta(g, 0), BN=block_n,
-                                           num_warps=4, num_stages=1, enable_fp_fusion=False)
+                                           BF16_BITS=interpreting() and y.dtype == torch.bfloat16, num_warps=4,
+                                           num_stages=1, enable_fp_fusion=False)
     return y
 
 

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .qqq_mm import to_dtype
+from .common import to_dtype
 
 #: compile options the bit-exactness depends on (module docstring)
 COMPILE_OPTIONS = {"enable_fp_fusion": False}

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import stack2
+from .common import stack2, to_dtype
 from .fp_common import check_tensor, fail, k_range, sm_count, split_for, tile_of
 from .runtime import interpreting
 
@@ -76,22 +76,6 @@ def qqq_config(m: int, n: int, kp: int, sms: int = 132) -> QConfig:
         split = split_for(triton.cdiv(m, bm) * triton.cdiv(n, 128), kp, STEP, sms, 4)
         return QConfig(bm, 128, split, 4, 4, variant="dense")
     return QConfig(128, 128, 1, 8, 3, variant="dense")
-
-
-@triton.jit
-def rne_bf16(v):
-    """float32 -> the nearest-even bfloat16 value, as float32 bits (finite inputs)."""
-    b = v.to(tl.int32, bitcast=True)
-    b = (b + 0x7FFF + ((b >> 16) & 1)) & -65536
-    return b.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def to_dtype(v, DT: tl.constexpr, BF16_BITS: tl.constexpr):
-    """float32 ``v`` rounded to nearest even in ``DT``."""
-    if BF16_BITS:
-        return rne_bf16(v).to(DT)
-    return v.to(DT)
 
 
 @triton.jit
