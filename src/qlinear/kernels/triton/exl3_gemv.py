@@ -26,6 +26,48 @@ from .exl3_codebook import codebook_value
 
 
 @triton.jit
+def _x_words(x_ptr, x_rows, live, off, q, MB: tl.constexpr):
+    """The int32 words ``off + q`` of each row (``[32]`` for one row, ``[MB, 32]`` for a block) as uint32. One row
+    keeps the exact program of the one-row kernel this grew from: the same source compiled through the block path
+    scheduled differently and ran 25-45 % slower on an H100 (``results/h100-exl3-gemv-rows-2026-12-05.md``)."""
+    words = tl.load(x_ptr + off + q) if MB == 1 else tl.load(x_rows + off, mask=live, other=0)
+    return words.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _mac(acc, xv, w, MB: tl.constexpr):
+    """``acc += x * w`` for every row: ``acc [NTN, 32]`` or ``[MB, NTN, 32]``, ``xv [32]`` or ``[MB, 32]``."""
+    return acc + xv.to(tl.float32)[None, :] * w if MB == 1 else acc + xv.to(tl.float32)[:, None, :] * w[None, :, :]
+
+
+@triton.jit
+def _put(y_ptr, acc_lo, acc_hi, rows, nt, M, n_tiles, NTN: tl.constexpr, MB: tl.constexpr, ATOMIC: tl.constexpr):
+    """Sum the four lanes of each column (lane ``L = 4 (c % 8) + q``) and store or add the ``[rows, 16 NTN]``
+    outputs."""
+    if MB == 1:
+        y_lo = tl.sum(tl.reshape(acc_lo, (NTN, 8, 4)), axis=2)
+        y_hi = tl.sum(tl.reshape(acc_hi, (NTN, 8, 4)), axis=2)
+        cols = y_ptr + nt[:, None] * 16 + tl.arange(0, 8)[None, :]
+        if ATOMIC:
+            tl.atomic_add(cols, y_lo)
+            tl.atomic_add(cols + 8, y_hi)
+        else:
+            tl.store(cols, y_lo)
+            tl.store(cols + 8, y_hi)
+    else:
+        y_lo = tl.sum(tl.reshape(acc_lo, (MB, NTN, 8, 4)), axis=3)
+        y_hi = tl.sum(tl.reshape(acc_hi, (MB, NTN, 8, 4)), axis=3)
+        cols = y_ptr + rows[:, None, None] * (n_tiles * 16) + nt[None, :, None] * 16 + tl.arange(0, 8)[None, None, :]
+        out = (rows < M)[:, None, None]
+        if ATOMIC:
+            tl.atomic_add(cols, y_lo, mask=out)
+            tl.atomic_add(cols + 8, y_hi, mask=out)
+        else:
+            tl.store(cols, y_lo, mask=out)
+            tl.store(cols + 8, y_hi, mask=out)
+
+
+@triton.jit
 def exl3_gemv_kernel(x_ptr, u_ptr, y_ptr, M, stride_xw, n_tiles, kt_split, BITS: tl.constexpr, CB: tl.constexpr,
                      NTN: tl.constexpr, TWO_WORDS: tl.constexpr, ATOMIC: tl.constexpr, PREFETCH: tl.constexpr,
                      MB: tl.constexpr):
@@ -47,8 +89,9 @@ def exl3_gemv_kernel(x_ptr, u_ptr, y_ptr, M, stride_xw, n_tiles, kt_split, BITS:
     rows = tl.program_id(2) * MB + tl.arange(0, MB)
     x_rows = x_ptr + rows[:, None] * stride_xw + q[None, :]
     live = (rows < M)[:, None]
-    acc_lo = tl.zeros((MB, NTN, 32), dtype=tl.float32)  # columns c < 8 of each tile
-    acc_hi = tl.zeros((MB, NTN, 32), dtype=tl.float32)
+    shape: tl.constexpr = (NTN, 32) if MB == 1 else (MB, NTN, 32)
+    acc_lo = tl.zeros(shape, dtype=tl.float32)  # columns c < 8 of each tile
+    acc_hi = tl.zeros(shape, dtype=tl.float32)
     kt0 = tl.program_id(1) * kt_split
     kt_last = kt0 + kt_split - 1
     tp = u_ptr + kt0 * n_tiles * WORDS
@@ -71,8 +114,8 @@ def exl3_gemv_kernel(x_ptr, u_ptr, y_ptr, M, stride_xw, n_tiles, kt_split, BITS:
         win01 = (c0.to(tl.uint32, bitcast=True).to(tl.uint64) << 32) | w1
         if not TWO_WORDS:
             win12 = (w1 << 32) | c2.to(tl.uint32, bitcast=True).to(tl.uint64)
-        x_rows_lo = tl.load(x_rows + kt * 8, mask=live, other=0).to(tl.uint32, bitcast=True)  # k 2q, 2q + 1
-        x_rows_hi = tl.load(x_rows + kt * 8 + 4, mask=live, other=0).to(tl.uint32, bitcast=True)  # k 8 + 2q, ..
+        x_rows_lo = _x_words(x_ptr, x_rows, live, kt * 8, q, MB)  # k 2q, 2q + 1
+        x_rows_hi = _x_words(x_ptr, x_rows, live, kt * 8 + 4, q, MB)  # k 8 + 2q, 9 + 2q
         for s in tl.static_range(8):
             rel = rel0 + s * BITS  # the state's first bit, counted from the window's most significant
             if TWO_WORDS:
@@ -84,19 +127,10 @@ def exl3_gemv_kernel(x_ptr, u_ptr, y_ptr, M, stride_xw, n_tiles, kt_split, BITS:
             xw = x_rows_hi if (s >> 1) & 1 else x_rows_lo
             xv = ((xw >> 16) if s & 1 else (xw & 0xFFFF)).to(tl.uint16).to(tl.float16, bitcast=True)
             if s >= 4:
-                acc_hi += xv.to(tl.float32)[:, None, :] * w[None, :, :]
+                acc_hi = _mac(acc_hi, xv, w, MB)
             else:
-                acc_lo += xv.to(tl.float32)[:, None, :] * w[None, :, :]
-    y_lo = tl.sum(tl.reshape(acc_lo, (MB, NTN, 8, 4)), axis=3)  # lane L = 4 (c % 8) + q
-    y_hi = tl.sum(tl.reshape(acc_hi, (MB, NTN, 8, 4)), axis=3)
-    cols = y_ptr + rows[:, None, None] * (n_tiles * 16) + nt[None, :, None] * 16 + tl.arange(0, 8)[None, None, :]
-    out = (rows < M)[:, None, None]
-    if ATOMIC:
-        tl.atomic_add(cols, y_lo, mask=out)
-        tl.atomic_add(cols + 8, y_hi, mask=out)
-    else:
-        tl.store(cols, y_lo, mask=out)
-        tl.store(cols + 8, y_hi, mask=out)
+                acc_lo = _mac(acc_lo, xv, w, MB)
+    _put(y_ptr, acc_lo, acc_hi, rows, nt, M, n_tiles, NTN, MB, ATOMIC)
 
 
 @functools.cache

@@ -84,8 +84,10 @@ def exl3_decode_kernel(tr_ptr, w_ptr, n_tiles, BITS: tl.constexpr, CB: tl.conste
     tl.store(w_ptr + k[:, None] * (n_tiles * 16) + n[None, :], wt)
 
 
-#: Largest M the lane-wise GEMV serves (``exl3_gemv.py``, rows in blocks of up to 8); above it the fused kernel.
-GEMV_MAX_M = 16
+#: Largest M the lane-wise GEMV serves (``exl3_gemv.py``, rows in blocks of up to 8) by trellis width (<= 3 bits,
+#: wider); above it the fused kernel. From the H100 side by side (``results/h100-exl3-gemv-rows-2026-12-05.md``,
+#: 4096x14336, us, GEMV / fused): 2-bit M = 8 79 / 103, M = 16 144 / 109; 4-bit M = 4 81 / 99, M = 8 107 / 104.
+GEMV_MAX_M = {"narrow": 8, "wide": 4}
 #: Largest M the fused kernel serves; above it the weight is decoded once per call and multiplied by cuBLAS.
 FUSED_MAX_M = 32
 #: Fused kernel block (4 warps). Chosen from the sm_90 SASS offline (no GPU timing yet): the K loop of a 32 x 128
@@ -135,7 +137,7 @@ def inner_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: 
         return (xh @ decode_inner(trellis, bits, codebook)).float()
     if sms is None:
         sms = torch.cuda.get_device_properties(xh.device).multi_processor_count if xh.is_cuda else 4
-    if m <= GEMV_MAX_M:
+    if m <= GEMV_MAX_M["narrow" if bits <= 3 else "wide"]:
         return gemv_product(xh, trellis, bits, codebook, sms)
     return fused_product(xh, trellis, bits, codebook, sms)
 

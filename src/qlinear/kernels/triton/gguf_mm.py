@@ -204,13 +204,27 @@ def dequant_kernel(W, OUT, N, K, NB, RHW, stride_o,
     j = tl.arange(0, HC)[None, None, None, :]
     base, wq, wh, qh = step_tiles(W, rows, s * BPS, N, NB, RHW, c, hv, j, QT, CPB, HWB)
     dst = OUT + rows.to(tl.int64) * stride_o
-    for g in tl.static_range(G):
-        a, cm = scales(W, base, c, hv, g, QT, CPB)
+    k0 = s * BPS * B
+    if QT == 40 or QT == 41:  # 1-bit types (one field class): 16 fields a halfword, stored field by field
+        a, cm = scales(W, base, c, hv, 0, QT, CPB)
         for f in tl.static_range(F):
-            if f % G == g:
-                w = weights(wq, wh, qh, a, cm, c, j, f, QT, CPB, HAS_MIN)
-                kk = s * BPS * B + value_pos(c, hv, j, f, QT, CPB, B)
-                tl.store(dst + kk, to_dtype(w, OUT.dtype.element_ty, BF16_BITS), mask=(rows < N) & (kk < K))
+            w = weights(wq, wh, qh, a, cm, c, j, f, QT, CPB, HAS_MIN)
+            kk = k0 + value_pos(c, hv, j, f, QT, CPB, B)
+            tl.store(dst + kk, to_dtype(w, OUT.dtype.element_ty, BF16_BITS), mask=(rows < N) & (kk < K))
+    else:
+        # Every other type puts field f of halfword j at 2j + (f // 2) (Q8_0: 2j + f) past a start that depends
+        # on (chunk, vector, f % 2) only: joining the two fields of each start gives 2 * HC consecutive values,
+        # stored as one contiguous run per row (field by field, each store wrote every other value: 2 of 32
+        # bytes per sector used, ncu on an H100, results/h100-ncu-gguf-2026-12-05.md).
+        PAIRS: tl.constexpr = 1 if QT == 8 else 2
+        run = tl.arange(0, 2 * HC)[None, None, None, :]
+        for h in tl.static_range(PAIRS):
+            a, cm = scales(W, base, c, hv, h % G, QT, CPB)
+            lo = weights(wq, wh, qh, a, cm, c, j, h, QT, CPB, HAS_MIN)
+            hi = weights(wq, wh, qh, a, cm, c, j, h + PAIRS, QT, CPB, HAS_MIN)
+            w = tl.reshape(tl.join(lo, hi), (BN, HV, NC, 2 * HC))
+            kk = k0 + value_pos(c, hv, 0, h, QT, CPB, B) + run
+            tl.store(dst + kk, to_dtype(w, OUT.dtype.element_ty, BF16_BITS), mask=(rows < N) & (kk < K))
 
 
 def _meta(g: Geom, bps: int) -> dict[str, object]:
