@@ -104,7 +104,7 @@ def test_triton_rotation_is_bit_exact(k: int, gs: int, krot: int, dtype: torch.d
     ops = tri.rotation_operands(dtype, torch.device("cpu"))
     x = (torch.randn(m, k) * torch.logspace(-3, 3, k)).to(dtype)
     want = ParoQuantBase.rotate_input(tri, x)  # the torch transform (checked against GPTQModel)
-    got = rotate(x, ops.perm32, ops.cos, ops.sin, ops.scales, gs, interpreting=True)
+    got = rotate(x, ops.group_maps, ops.cos, ops.sin, ops.scales, gs, interpreting=True)
     assert got.dtype == dtype and torch.equal(got, want)
     assert torch.equal(tri.rotate_input(x), want)
 
@@ -127,7 +127,7 @@ from qlinear.kernels.triton.paro_rotate import COMPILE_OPTIONS, _rotate_kernel a
 out = {}
 for dt in ("fp16", "bf16"):
     consts = {"KROT": 8, "HALF": 64, "BLOCK_H": 64, "BLOCK_M": 16, "BF16_BITS": False}
-    ptrs = {"X": "*" + dt, "OUT": "*" + dt, "PERM": "*i32", "COS": "*" + dt, "SIN": "*" + dt, "SCALES": "*" + dt}
+    ptrs = {"X": "*" + dt, "OUT": "*" + dt, "GMAP": "*i32", "COS": "*" + dt, "SIN": "*" + dt, "SCALES": "*" + dt}
     sig = {a: "constexpr" if a in consts else ptrs.get(a, "i32") for a in fn.arg_names}
     src = ASTSource(fn, sig, constexprs=consts)
     opts = {"num_warps": 4, **COMPILE_OPTIONS}

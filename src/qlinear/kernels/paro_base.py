@@ -28,13 +28,13 @@ ROTATION = ("theta", "pairs", "channel_scales")
 @dataclass(frozen=True)
 class RotationOperands:
     """A prepared transform for one input dtype and device: the plan, ``cos``/``sin [krot, K/2]`` and
-    ``scales [K]`` in that dtype, and the column maps as int32 (the Triton kernel's)."""
+    ``scales [K]`` in that dtype, and the group-local gather maps (``paroquant.group_maps``, the Triton kernel's)."""
 
     plan: paroquant.RotationPlan
     cos: torch.Tensor
     sin: torch.Tensor
     scales: torch.Tensor
-    perm32: torch.Tensor
+    group_maps: torch.Tensor
 
 
 def shape_reasons(scheme: Scheme) -> list[str]:
@@ -126,7 +126,7 @@ class ParoQuantBase(AwqQuantLinear):
                 paroquant.RotationPlan(tuple(m.to(device) for m in plan.maps), plan.identity, plan.perm.to(device)),
                 cos.to(device).contiguous(), sin.to(device).contiguous(),
                 self.channel_scales.to(device=device, dtype=dtype).reshape(-1).contiguous(),
-                plan.perm.to(device=device, dtype=torch.int32).contiguous())
+                paroquant.group_maps(plan.perm.to(device), self.scheme.group_size))
         return self._operands[key]
 
     def rotate_input(self, x: torch.Tensor) -> torch.Tensor:

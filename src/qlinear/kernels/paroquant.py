@@ -62,7 +62,7 @@ class ParoQuantTritonLinear(TritonQuantMixin, ParoQuantBase):
         x2 = x.reshape(-1, self.in_features)
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
-        out = rotate(x2, ops.perm32, ops.cos, ops.sin, ops.scales, self.scheme.group_size, interpreting())
+        out = rotate(x2, ops.group_maps, ops.cos, ops.sin, ops.scales, self.scheme.group_size, interpreting())
         return out.reshape(x.shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

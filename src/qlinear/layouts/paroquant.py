@@ -181,3 +181,35 @@ def rotate(x: torch.Tensor, plan: RotationPlan, cos: torch.Tensor, sin: torch.Te
         c, s = cos[r], sin[r]
         out = torch.cat([xi * c + xj * s, -xi * s + xj * c], dim=1)
     return out.index_select(1, plan.maps[-1]).reshape(shape)
+
+
+def pair_block(group_size: int) -> int:
+    """Pairs a group's tile holds in a group-local kernel: ``group_size / 2`` rounded up to a power of two."""
+    return 1 << max(0, group_size // 2 - 1).bit_length()
+
+
+def group_maps(perm: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Group-local gather maps for a kernel that keeps one group of a row in registers: int32 ``[krot + 1, K / gs,
+    2 * pair_block(gs)]``.
+
+    Round ``r`` reads its pairs' ``x_i`` at ``maps[r, g, :P]`` and ``x_j`` at ``maps[r, g, P:P + gs/2]`` (``P =
+    pair_block``; the padding lanes read 0) of the group's previous values: for ``r = 0`` the scaled input in column
+    order (local column ``0..gs-1``); after that the previous round's results interleaved, ``x_i'`` of pair ``q`` at
+    ``2q`` and ``x_j'`` at ``2q + 1``. Row ``krot`` maps each local column to where the last round left it (column
+    order for ``krot = 0``)."""
+    krot, k = perm.shape
+    half, groups, block = group_size // 2, k // group_size, pair_block(group_size)
+    dev = perm.device
+    p = perm.to(torch.int64)
+    out = torch.zeros(krot + 1, groups, 2 * block, dtype=torch.int64, device=dev)
+    base = torch.arange(groups, device=dev)[:, None] * group_size
+    pair = torch.arange(groups, device=dev)[:, None] * half + torch.arange(half, device=dev)[None, :]
+    q = torch.arange(half, device=dev)[None, :].expand(groups, half)
+    where = torch.arange(k, device=dev) - torch.arange(k, device=dev) // group_size * group_size  # column order
+    for r in range(krot):
+        ci, cj = p[r, pair], p[r, k // 2 + pair]
+        out[r, :, :half], out[r, :, block:block + half] = where[ci], where[cj]
+        where = torch.empty(k, dtype=torch.int64, device=dev)
+        where[ci], where[cj] = 2 * q, 2 * q + 1
+    out[krot, :, :group_size] = where[base + torch.arange(group_size, device=dev)[None, :]]
+    return out.to(torch.int32).contiguous()

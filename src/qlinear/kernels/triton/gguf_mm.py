@@ -241,7 +241,7 @@ def halfwords(qweight: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize(qweight: torch.Tensor, qt: int, k: int, dtype: torch.dtype = torch.float32,
-               out: torch.Tensor | None = None, block_n: int = 32) -> torch.Tensor:
+               out: torch.Tensor | None = None, block_n: int = 16) -> torch.Tensor:
     """Weights ``[N, k]`` in ``dtype`` from raw blocks ``uint8 [N, nb * T]``; float32 is bit-exact."""
     g = GEOMS[qt]
     n, w = qweight.shape[0], halfwords(qweight)
