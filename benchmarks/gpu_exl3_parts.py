@@ -88,8 +88,8 @@ def sweep(args: argparse.Namespace) -> None:
         su = torch.randn(k, device=DEV, generator=gen)
         say(f"## {k}x{n} M = 1 GEMV: bf16 F.linear {tb:.1f} us")
         say()
-        say("| bits | tiles_n | prefetch | warps | us | / bf16 | rel diff vs block kernel |")
-        say("|---|---|---|---|---|---|---|")
+        say("| bits | tiles_n | prefetch | warps | max registers | us | / bf16 | rel diff vs block kernel |")
+        say("|---|---|---|---|---|---|---|---|")
         xh = hadamard.input_transform(x, su)
         for bits in args.bits:
             trs = [torch.randint(-(1 << 15), 1 << 15, (k // 16, n // 16, 16 * bits), device=DEV, dtype=torch.int16,
@@ -97,14 +97,18 @@ def sweep(args: argparse.Namespace) -> None:
             want = exl3_mv.fused_product(xh, trs[0], bits, "3inst", sms).double()
             tblock = timed([lambda v, t=t, b=bits: exl3_mv.fused_product(v, t, b, "3inst", sms) for t in trs], xh,
                            args.reps)
-            say(f"| {bits} | block kernel (tl.dot) | - | 4 | {tblock:.1f} | {tblock / tb:.2f} | - |")
-            for tiles_n, pre, warps in VARIANTS:
-                def gemv(v, t, b=bits, tiles_n=tiles_n, pre=pre, warps=warps):
-                    return exl3_gemv.gemv_product(v, t, b, "3inst", sms, tiles_n=tiles_n, warps=warps, prefetch=pre)
+            say(f"| {bits} | block kernel (tl.dot) | - | 4 | - | {tblock:.1f} | {tblock / tb:.2f} | - |")
+            variants = [(None, exl3_gemv.PREFETCH, None, r) for r in args.maxnreg] if args.maxnreg else [
+                (*v, None) for v in VARIANTS]
+            for tiles_n, pre, warps, regs in variants:
+                def gemv(v, t, b=bits, tiles_n=tiles_n, pre=pre, warps=warps, regs=regs):
+                    return exl3_gemv.gemv_product(v, t, b, "3inst", sms, tiles_n=tiles_n, warps=warps, prefetch=pre,
+                                                  maxnreg=regs or None)
                 got = gemv(xh, trs[0]).double()
                 rel = float((got - want).norm() / want.norm())
                 tv = timed([lambda v, t=t, f=gemv: f(v, t) for t in trs], xh, args.reps)
-                say(f"| {bits} | {tiles_n} | {pre} | {warps} | {tv:.1f} | {tv / tb:.2f} | {rel:.1e} |")
+                say(f"| {bits} | {tiles_n or 'rule'} | {pre} | {warps or 'rule'} | {regs or 'compiler'} | {tv:.1f} | "
+                    f"{tv / tb:.2f} | {rel:.1e} |")
             del trs
         say()
         del wb
@@ -115,11 +119,16 @@ def main(argv: list[str] | None = None) -> str:
     p = parser(__doc__, SHAPES, (1,), reps=30)
     p.add_argument("--bits", default="2,4")
     p.add_argument("--no-gemv", action="store_true", help="time the transforms only")
+    p.add_argument("--no-transforms", action="store_true", help="time the GEMV only")
+    p.add_argument("--maxnreg", default="", help="GEMV at the launch rule with these register caps (0: none) "
+                                                 "instead of the launch sweep")
 
     args = parse_args(p, argv, "bits")
+    args.maxnreg = [int(v) for v in args.maxnreg.split(",") if v]
 
     def body() -> None:
-        transforms(args)
+        if not args.no_transforms:
+            transforms(args)
         if not args.no_gemv:
             sweep(args)
 

@@ -169,11 +169,12 @@ def rows_per_program(m: int) -> int:
 
 def gemv_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str, sms: int,
                  tiles_n: int | None = None, split: int | None = None, warps: int | None = None,
-                 prefetch: bool = PREFETCH, rows: int | None = None) -> torch.Tensor:
+                 prefetch: bool = PREFETCH, rows: int | None = None, maxnreg: int | None = None) -> torch.Tensor:
     """float32 ``[M, N]`` = float16 ``xh [M, K]`` @ inner weight, for a trellis ``[K/16, N/16, 16 bits]`` already
     checked by ``exl3_mv.check_trellis`` (``sms``: SM count for the K split). ``tiles_n`` (a power of two),
-    ``warps``, ``rows`` (rows per program, a power of two) and ``split`` (a divisor of the k tiles) override
-    ``launch_shape``, ``rows_per_program`` and the split rule, for sweeps."""
+    ``warps``, ``rows`` (rows per program, a power of two), ``split`` (a divisor of the k tiles) and ``maxnreg`` (a
+    register cap) override ``launch_shape``, ``rows_per_program``, the split rule and the compiler's register
+    choice, for sweeps."""
     kt, nt = trellis.shape[:2]
     m = xh.shape[0]
     mb = rows or rows_per_program(m)
@@ -197,5 +198,6 @@ def gemv_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: s
                                                       xh.shape[1] // 2, nt, kt // split, BITS=bits,
                                                       CB=CODEBOOKS.index(codebook), NTN=ntn,
                                                       TWO_WORDS=two_words(bits), ATOMIC=split > 1,
-                                                      PREFETCH=prefetch, MB=mb, num_warps=warps)
+                                                      PREFETCH=prefetch, MB=mb, num_warps=warps,
+                                                      **({"maxnreg": maxnreg} if maxnreg else {}))
     return y
