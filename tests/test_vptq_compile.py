@@ -6,27 +6,14 @@ on the GPU (benchmarks/gpu_vptq.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-INSTALL = "pip install --no-deps -r requirements/nodeps-triton.txt"
+from tests.sm90_facts import compile_facts
 
 
 @pytest.fixture(scope="module")
 def facts() -> dict:
-    pytest.importorskip("triton", reason=f"triton is not installed: {INSTALL}")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "vptq_sm90_compile.py")], capture_output=True,
-                         text=True, timeout=300, env=env, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return compile_facts("vptq_sm90_compile.py")
 
 
 def test_norm_rounds_twice_without_fma(facts: dict) -> None:
