@@ -1,4 +1,4 @@
-"""EXL3 decode GEMV for a few rows (the decode step, M = 1 .. 16): each lane decodes 8 consecutive trellis positions
+"""EXL3 decode GEMV for a few rows (the decode step, M up to 8): each lane decodes 8 consecutive trellis positions
 once and multiplies them with every row of its block of ``MB`` rows.
 
 exllamav3 orders a tile's 256 stream positions so that positions ``8 L .. 8 L + 7`` are exactly what lane ``L``
