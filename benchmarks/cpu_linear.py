@@ -12,10 +12,15 @@ bf16 GEMM, and the four kernels of the native extra (the data behind ``cpu_int4.
     python benchmarks/cpu_linear.py --quick         # one shape, few repetitions (smoke test)
     python benchmarks/cpu_linear.py --crossover     # op vs decode, M in 1..256, 4096x4096 and 4096x14336
     python benchmarks/cpu_linear.py --no-amx --kernels AUTO   # as on an AVX512-BF16 CPU without AMX (issue 25)
+    python benchmarks/cpu_linear.py --no-amx --no-vbmi --kernels AUTO   # ... and without VBMI (Cooper Lake)
 
 ``--no-amx`` emulates such a CPU (Zen 4 class) on one with AMX: oneDNN is limited to
 AVX512-BF16 (``ONEDNN_MAX_CPU_ISA``, which oneDNN reads once, so it is set here before torch is imported;
 run as a script) and qlinear's native int4 routing told that AMX is absent (``native_int4.set_amx_allowed``).
+``--no-vbmi`` adds what a Cooper Lake lacks besides AMX: VBMI (``native_int4.set_vbmi_allowed``), so AUTO routes
+and runs as there: no ``int4_mv``, the int4pack op at small M, ``int4_mm_dp`` with its VBMI-free decode above. It
+emulates the routing, the instructions and oneDNN's instruction set, not that CPU's speed: the times are this
+CPU's.
 """
 
 from __future__ import annotations
@@ -259,7 +264,11 @@ def main(argv: list[str] | None = None) -> str:
                     "e.g. AUTO,TorchAtenLinear); the dense contenders always run")
     ap.add_argument("--no-amx", action="store_true", help="as on an AVX512-BF16 CPU without AMX: oneDNN capped at "
                     f"{NO_AMX_ISA} and qlinear's native int4 kernels routed without AMX (run as a script)")
+    ap.add_argument("--no-vbmi", action="store_true", help="with --no-amx: as on one without VBMI either (Cooper "
+                    "Lake): no int4_mv, int4_mm_dp decoding without VPERMI2B")
     args = ap.parse_args(argv)
+    if args.no_vbmi and not args.no_amx:
+        raise SystemExit("--no-vbmi: expected --no-amx too (every CPU with AMX has VBMI)")
     if args.no_amx and os.environ.get("ONEDNN_MAX_CPU_ISA") != NO_AMX_ISA:
         raise SystemExit(f"--no-amx: expected ONEDNN_MAX_CPU_ISA={NO_AMX_ISA} set before torch loads oneDNN (run "
                          f"benchmarks/cpu_linear.py as a script); found {os.environ.get('ONEDNN_MAX_CPU_ISA')!r}")
@@ -273,14 +282,17 @@ def main(argv: list[str] | None = None) -> str:
             f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; CPU: {cpu_name()}; "
             f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}); threads: {args.threads}; "
             f"median of up to {reps} calls; AMX: " + (f"off (--no-amx: oneDNN {NO_AMX_ISA}, native routing without "
-                                                       "AMX)" if args.no_amx else "as the CPU has it")]
+                                                       "AMX)" if args.no_amx else "as the CPU has it")
+            + ("; VBMI: off (--no-vbmi: no int4_mv, int4_mm_dp's VBMI-free decode)" if args.no_vbmi else "")]
     only = tuple(args.kernels.split(",")) if args.kernels else ()
     native_int4.set_amx_allowed(not args.no_amx)
+    native_int4.set_vbmi_allowed(not args.no_vbmi)
     try:
         body = (run_crossover(shapes, ms, reps, budget, args.group) if args.crossover
                 else run_table(shapes, ms, reps, budget, only))
     finally:
         native_int4.set_amx_allowed(True)
+        native_int4.set_vbmi_allowed(True)
     text = "\n".join(head) + "\n" + body
     print(text)
     return text

@@ -1,4 +1,5 @@
-"""``int4_mm_dp`` (the native extra's int4 GEMM for AVX512-BF16 CPUs without AMX) against float64, and the
+"""``int4_mm_dp`` (the native extra's int4 GEMM for AVX512-BF16 CPUs without AMX) against float64, its decode
+without VBMI (Cooper Lake) against the VPERMI2B one, and the
 routing of ``native_int4`` with AMX switched off (``set_amx_allowed(False)``, as on a Zen 4 / Cooper Lake CPU).
 
 The weight is packed by torch's own ``_convert_weight_to_int4pack_for_cpu`` from random codes; the oracles are
@@ -185,3 +186,56 @@ def test_benchmark_no_amx_needs_the_onednn_cap(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(SystemExit, match="expected ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16.*found None"):
         bench.main(["--no-amx", "--quick"])
     assert native_int4.amx_available(mod) == bool(mod.amx_available())  # the hook was not left switched off
+
+
+@pytest.fixture
+def cooper_lake() -> Iterator[None]:
+    native_int4.set_amx_allowed(False)
+    native_int4.set_vbmi_allowed(False)
+    try:
+        yield
+    finally:
+        native_int4.set_amx_allowed(True)
+        native_int4.set_vbmi_allowed(True)
+
+
+@pytest.mark.parametrize("group", [16, 32, 128])
+def test_dp_decode_without_vbmi_gives_the_same_bits(group: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``int4_mm_dp``'s AVX512-BW decode (for Cooper Lake) against its VPERMI2B decode: equal outputs, several
+    channel and K chunks, register-block tails."""
+    monkeypatch.setattr(native_int4, "DP_CHUNK", (64, 64))
+    k, n = 3 * max(group, 32) + (128 if group < 128 else 0), 320
+    codes, packed, sz = weight(k, n, group, 40 + group)
+    for m in (1, 7, 16):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(BF16)
+        outs = []
+        for vbmi in (True, False):
+            out = torch.empty(m, n, dtype=BF16)
+            mod.int4_mm_dp(x.data_ptr(), packed.data_ptr(), sz.data_ptr(), out.data_ptr(), m, k, n, group, k, n, 1,
+                           64, 64, vbmi)
+            outs.append(out)
+        assert torch.equal(outs[0], outs[1]), m
+        check(x, codes, sz, group, outs[1])
+
+
+def test_cooper_lake_routing(cooper_lake: None) -> None:
+    """``set_vbmi_allowed(False)`` (an AVX512-BF16 CPU without VBMI or AMX: Cooper Lake): no ``int4_mv``; the
+    int4pack op up to ``OP_MAX_M_WITHOUT_AMX``, then ``int4_mm_dp`` with its VBMI-free decode, and explain() says
+    so; groups the op cannot take go to ``int4_mm_dp`` from M = 1."""
+    from qlinear import QuantLinear, quantize_rtn
+    from qlinear.kernels import cpu_int4
+
+    top = native_int4.OP_MAX_M_WITHOUT_AMX
+    assert native_int4.native_int4() is mod
+    assert [native_int4.kernel_for(m, 128, 64, 4096) for m in (1, top, top + 1, 1024)] == [None, None, Kernel.DP,
+                                                                                           Kernel.DP]
+    assert native_int4.kernel_for(1, 16, 64, 4096) is Kernel.DP
+    text = native_int4.describe(128, "decode + bfloat16 GEMM", native_to=native_int4.DP_MAX_M)
+    assert "int4_mv" not in text and "decoded without VBMI" in text and f"the int4pack op at M=1..{top}" in text
+    w = torch.randn(192, 256, generator=torch.Generator().manual_seed(7))
+    q = quantize_rtn(w, bits=4, group_size=128)
+    layer = QuantLinear.create(q, format="gptq_v2", backend="gptq_torch_cpu_avx512", dtype=BF16)
+    assert "decoded without VBMI" in layer.choice.runs
+    assert layer.path(1, False) is cpu_int4.Path.OP and layer.path(top + 5, False) is cpu_int4.Path.NATIVE
+    x = torch.randn(top + 5, 256, generator=torch.Generator().manual_seed(8)).to(BF16)
+    assert rel(layer(x), x.double() @ q.dequantize().double().t()) < 1e-2

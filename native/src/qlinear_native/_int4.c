@@ -17,6 +17,12 @@ static PyObject *mv_available(PyObject *self, PyObject *args) {
     return PyBool_FromLong(ql_mv_ready());
 }
 
+static PyObject *dp_available(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyBool_FromLong(ql_dp_ready());
+}
+
 #define INT4_ARGS "KKKKLLLLLLi"
 #define INT4_DOC "(x, packed, scales_zeros, out, m, k, n, group, ldx, ldo, threads"
 
@@ -26,13 +32,16 @@ typedef struct {
     int threads;
 } int4_args;
 
-/* Parse and check the shared arguments (plus `extra` trailing long longs); 0 with a Python error on failure. */
+/* Parse and check the shared arguments (plus `extra` trailing long longs, and with `flag` an optional trailing
+ * bool); 0 with a Python error on failure. */
 static int parse(PyObject *args, int4_args *a, const char *name, int ready, const char *missing, int group_mod,
-                 long long *extra, int n_extra) {
-    int ok = n_extra ? PyArg_ParseTuple(args, INT4_ARGS "LL", &a->x, &a->packed, &a->sz, &a->out, &a->m, &a->k, &a->n,
-                                        &a->group, &a->ldx, &a->ldo, &a->threads, &extra[0], &extra[1])
-                     : PyArg_ParseTuple(args, INT4_ARGS, &a->x, &a->packed, &a->sz, &a->out, &a->m, &a->k, &a->n,
-                                        &a->group, &a->ldx, &a->ldo, &a->threads);
+                 long long *extra, int n_extra, int *flag) {
+    int ok = flag      ? PyArg_ParseTuple(args, INT4_ARGS "LL|p", &a->x, &a->packed, &a->sz, &a->out, &a->m, &a->k,
+                                          &a->n, &a->group, &a->ldx, &a->ldo, &a->threads, &extra[0], &extra[1], flag)
+             : n_extra ? PyArg_ParseTuple(args, INT4_ARGS "LL", &a->x, &a->packed, &a->sz, &a->out, &a->m, &a->k, &a->n,
+                                          &a->group, &a->ldx, &a->ldo, &a->threads, &extra[0], &extra[1])
+                       : PyArg_ParseTuple(args, INT4_ARGS, &a->x, &a->packed, &a->sz, &a->out, &a->m, &a->k, &a->n,
+                                          &a->group, &a->ldx, &a->ldo, &a->threads);
     if (!ok)
         return 0;
     if (!ready) {
@@ -66,11 +75,17 @@ static PyObject *run(PyObject *args, kernel_id id) {
     static const char *names[] = {"int4_mm_codes", "int4_mm_weights", "int4_mv", "int4_mm_dp"};
     int4_args a;
     long long chunk[2] = {0, 0};
+    int vbmi = ql_mv_ready(); /* int4_mm_dp's decode: VPERMI2B where the CPU has VBMI, unless told not to */
     const int amx = id == MM_CODES || id == MM_WEIGHTS, chunked = id == MM_WEIGHTS || id == MM_DP;
-    if (!parse(args, &a, names[id], amx ? ql_amx_ready() : ql_mv_ready(),
-               amx ? "AMX-BF16 tiles" : "AVX512-BF16 with AVX512-VBMI", id == MM_CODES ? 32 : id == MV ? 16 : 2,
-               chunk, chunked ? 2 : 0))
+    if (!parse(args, &a, names[id], amx ? ql_amx_ready() : id == MM_DP ? ql_dp_ready() : ql_mv_ready(),
+               amx ? "AMX-BF16 tiles" : id == MM_DP ? "AVX512-BF16 (F, BW, VL)" : "AVX512-BF16 with AVX512-VBMI",
+               id == MM_CODES ? 32 : id == MV ? 16 : 2, chunk, chunked ? 2 : 0, id == MM_DP ? &vbmi : NULL))
         return NULL;
+    if (id == MM_DP && vbmi && !ql_mv_ready()) {
+        PyErr_SetString(PyExc_RuntimeError, "int4_mm_dp: vbmi=True asks for the VPERMI2B decode, and this CPU has no "
+                                            "AVX512-VBMI (pass vbmi=False)");
+        return NULL;
+    }
     if (chunked && (chunk[0] <= 0 || chunk[0] % 64 || chunk[1] <= 0 || chunk[1] % 32)) {
         PyErr_Format(PyExc_ValueError, "%s: expected ng %% 64 == 0 and kc %% 32 == 0, got ng=%lld kc=%lld", names[id],
                      chunk[0], chunk[1]);
@@ -81,7 +96,7 @@ static PyObject *run(PyObject *args, kernel_id id) {
     Py_BEGIN_ALLOW_THREADS
     rc = id == MM_CODES     ? ql_amx_mm_codes(PTRS(a))
          : id == MM_WEIGHTS ? ql_amx_mm_weights(PTRS(a), chunk[0], chunk[1])
-         : id == MM_DP      ? ql_dp_mm(PTRS(a), chunk[0], chunk[1])
+         : id == MM_DP      ? ql_dp_mm(PTRS(a), chunk[0], chunk[1], vbmi)
                             : ql_mv(PTRS(a));
     Py_END_ALLOW_THREADS
     if (rc)
@@ -113,6 +128,7 @@ static PyObject *int4_mm_dp(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"amx_available", amx_available, METH_NOARGS, "True when this CPU and OS let the process use AMX-BF16 tiles"},
     {"mv_available", mv_available, METH_NOARGS, "True when this CPU has AVX512-BF16 and AVX512-VBMI"},
+    {"dp_available", dp_available, METH_NOARGS, "True when this CPU has AVX512-BF16 (int4_mm_dp; VBMI not needed)"},
     {"int4_mm_codes", int4_mm_codes, METH_VARARGS,
      "int4_mm_codes" INT4_DOC "): out = bf16(x @ W) on AMX, exact codes in the tiles, scales applied per group"},
     {"int4_mm_weights", int4_mm_weights, METH_VARARGS,
@@ -120,8 +136,8 @@ static PyMethodDef methods[] = {
     {"int4_mv", int4_mv, METH_VARARGS,
      "int4_mv" INT4_DOC "): the same with AVX512-BF16 dot products, for one or two rows at a time"},
     {"int4_mm_dp", int4_mm_dp, METH_VARARGS,
-     "int4_mm_dp" INT4_DOC ", ng, kc): AVX512-BF16 dot products without AMX, the weight decoded once in ng x kc "
-     "chunks (runs where int4_mv runs)"},
+     "int4_mm_dp" INT4_DOC ", ng, kc[, vbmi]): AVX512-BF16 dot products without AMX, the weight decoded once in "
+     "ng x kc chunks (with VPERMI2B where vbmi, default: where the CPU has VBMI; else with AVX512-BW unpacks)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_int4", NULL, -1, methods, NULL, NULL, NULL, NULL};

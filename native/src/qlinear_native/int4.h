@@ -13,9 +13,11 @@
 
 #if QL_X86
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,fma")))
+/* The same without VBMI: code that must also run on AVX512-BF16 CPUs that lack it (Cooper Lake). */
+#define AVX512BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
 
 /* Scales and offsets of 16 channels from the op's interleaved [.., 2] bfloat16 pairs, as float32. */
-AVX512_TARGET static inline void load_sz(const uint16_t *sz, __m512 *s, __m512 *off) {
+AVX512BF16_TARGET static inline void load_sz(const uint16_t *sz, __m512 *s, __m512 *off) {
     __m512i u = _mm512_loadu_si512((const void *)sz); /* lane j: scale j (low half) | offset j << 16 */
     *s = _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
     *off = _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xFFFF0000u)));
@@ -64,12 +66,13 @@ int ql_amx_mm_weights(const uint16_t *x, int64_t ldx, const uint8_t *packed, con
 int ql_mv(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out, int64_t ldo,
           int64_t m, int64_t k, int64_t n, int64_t group, int threads);
 /* AVX512-BF16 GEMM without AMX, the weight decoded once per call in ng x kc chunks (int4_dp.c); runs where
- * ql_mv_ready(). */
+ * ql_dp_ready(). vbmi: decode with VPERMI2B (only where ql_mv_ready()), else with AVX512-BW unpacks. */
 int ql_dp_mm(const uint16_t *x, int64_t ldx, const uint8_t *packed, const uint16_t *sz, uint16_t *out, int64_t ldo,
-             int64_t m, int64_t k, int64_t n, int64_t group, int threads, int64_t ng, int64_t kc);
+             int64_t m, int64_t k, int64_t n, int64_t group, int threads, int64_t ng, int64_t kc, int vbmi);
 #endif
 
 /* 1 when this CPU and the OS let the kernels run; 0 elsewhere, including non-x86 builds. */
 int ql_amx_ready(void);
 int ql_mv_ready(void);
+int ql_dp_ready(void);
 #endif

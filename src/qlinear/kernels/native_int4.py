@@ -12,13 +12,15 @@ channels split over ``torch.get_num_threads()`` threads. Four kernels:
   (by group size).
 * ``int4_mm_weights`` (AMX-BF16, any even group): the tiles hold the weight rounded to bfloat16 once,
   decoded in chunks of ``CHUNK`` (channels, K rows) and reused by every 16-row block: large M.
-* ``int4_mm_dp`` (AVX512-BF16 + VBMI, no AMX, any even group): the same decoded weight for CPUs without AMX
-  (Zen 4; not Cooper Lake, which lacks VBMI), used by blocks of 6 rows x 64 channels of VDPBF16PS dot
-  products. On such CPUs ``int4_mv`` runs up to ``MV_MAX_M_WITHOUT_AMX`` rows, the callers' int4pack op up to
-  ``OP_MAX_M_WITHOUT_AMX`` (faster there than both), ``int4_mm_dp`` above.
+* ``int4_mm_dp`` (AVX512-BF16, no AMX, any even group): the same decoded weight for CPUs without AMX (Zen 4, and
+  Cooper Lake, which lacks VBMI: there it decodes with AVX512-BW unpacks instead of VPERMI2B, same bytes), used by
+  blocks of 6 rows x 64 channels of VDPBF16PS dot products. On such CPUs ``int4_mv`` (where VBMI is) runs up to
+  ``MV_MAX_M_WITHOUT_AMX`` rows, the callers' int4pack op up to ``OP_MAX_M_WITHOUT_AMX`` (faster there than
+  both), ``int4_mm_dp`` above.
 
 ``set_amx_allowed(False)`` makes this module route as on a CPU without AMX (a hook for tests and
-``benchmarks/cpu_linear.py --no-amx``).
+``benchmarks/cpu_linear.py --no-amx``); ``set_vbmi_allowed(False)`` as on one without VBMI either (Cooper Lake:
+only ``int4_mm_dp`` runs there, with its VBMI-free decode; ``--no-vbmi``).
 """
 
 from __future__ import annotations
@@ -111,12 +113,13 @@ def native_int4() -> Any:
     None (the int4pack op and the torch decode path run instead)."""
     global _MODULE
     if _MODULE is None:
-        _MODULE = import_extra("_int4", lambda mod: mod.amx_available() or mod.mv_available())
-    return _MODULE or None
+        _MODULE = import_extra("_int4", lambda mod: mod.amx_available() or mod.dp_available())
+    return _MODULE if _MODULE and (amx_available(_MODULE) or dp_available(_MODULE)) else None
 
 
 _MODULE: Any = None
 _AMX_ALLOWED = True
+_VBMI_ALLOWED = True
 
 
 def set_amx_allowed(allowed: bool) -> None:
@@ -129,7 +132,26 @@ def set_amx_allowed(allowed: bool) -> None:
 
 def amx_available(mod: Any) -> bool:
     """Whether the extra's AMX kernels run here: the CPU's answer, unless ``set_amx_allowed(False)``."""
-    return _AMX_ALLOWED and bool(mod.amx_available())
+    return _AMX_ALLOWED and _VBMI_ALLOWED and bool(mod.amx_available())
+
+
+def set_vbmi_allowed(allowed: bool) -> None:
+    """``False``: route, describe and run as on an AVX512-BF16 CPU without VBMI (and so without AMX: Cooper Lake),
+    where of the extra's kernels only ``int4_mm_dp`` runs, decoding without VPERMI2B; ``True`` (the default)
+    restores the CPU's own answer. A hook for tests and benchmarks, not a user setting."""
+    global _VBMI_ALLOWED
+    _VBMI_ALLOWED = bool(allowed)
+
+
+def vbmi_available(mod: Any) -> bool:
+    """Whether the extra's AVX512-BF16 + VBMI code (``int4_mv``, ``int4_mm_dp``'s VPERMI2B decode) runs here: the
+    CPU's answer, unless ``set_vbmi_allowed(False)``."""
+    return _VBMI_ALLOWED and bool(mod.mv_available())
+
+
+def dp_available(mod: Any) -> bool:
+    """Whether ``int4_mm_dp`` runs here (AVX512-BF16; VBMI not needed)."""
+    return bool(mod.dp_available())
 
 
 def native_max_m() -> int:
@@ -147,12 +169,12 @@ def kernel_for(m: int, group: int, block: int, k_pad: int) -> Kernel | None:
     if mod is None or block != 64 or k_pad % 32:
         return None
     amx = amx_available(mod)
-    if group % 16 == 0 and m <= mv_max_m(group, amx) and mod.mv_available():
+    if group % 16 == 0 and m <= mv_max_m(group, amx) and vbmi_available(mod):
         return Kernel.MV
     if not amx:
         if group % 32 == 0 and m <= OP_MAX_M_WITHOUT_AMX:
             return None
-        return Kernel.DP if group % 2 == 0 and mod.mv_available() else None
+        return Kernel.DP if group % 2 == 0 and dp_available(mod) else None
     return Kernel.CODES if group % 32 == 0 and m <= codes_max_m(group) else Kernel.WEIGHTS
 
 
@@ -178,14 +200,15 @@ def describe(group: int, fallback: str, native_from: int = 1, native_to: int | N
                 "CPU) would decode once per call and run faster at every M")
     ranges: list[tuple[str, int, int | None]] = []  # (kernel, first M, last M or None)
     lo, amx = native_from, amx_available(mod)
-    if group % 16 == 0 and mod.mv_available() and lo <= mv_max_m(group, amx):
+    if group % 16 == 0 and vbmi_available(mod) and lo <= mv_max_m(group, amx):
         ranges.append((Kernel.MV.value, lo, mv_max_m(group, amx)))
         lo = mv_max_m(group, amx) + 1
-    if not amx and group % 32 == 0 and lo <= OP_MAX_M_WITHOUT_AMX and mod.mv_available():
+    if not amx and group % 32 == 0 and lo <= OP_MAX_M_WITHOUT_AMX and dp_available(mod):
         ranges.append(("the int4pack op", lo, OP_MAX_M_WITHOUT_AMX))
         lo = OP_MAX_M_WITHOUT_AMX + 1
-    if not amx and group % 2 == 0 and mod.mv_available():
-        ranges.append((f"{Kernel.DP.value} (AVX512-BF16, no AMX on this CPU)", lo, native_to))
+    if not amx and group % 2 == 0 and dp_available(mod):
+        ranges.append((f"{Kernel.DP.value} (AVX512-BF16, no AMX on this CPU"
+                       + ("" if vbmi_available(mod) else ", decoded without VBMI") + ")", lo, native_to))
     if amx:
         if group % 32 == 0 and lo <= codes_max_m(group):
             ranges.append((f"{Kernel.CODES.value} (AMX)", lo, codes_max_m(group)))
@@ -219,6 +242,6 @@ def matmul(xb: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, g
     out = torch.empty(m, n, dtype=BF16)
     args = (xb.data_ptr(), packed.data_ptr(), sz.data_ptr(), out.data_ptr(), m, k, n, group, k, n,
             torch.get_num_threads())
-    chunk = CHUNK if kernel is Kernel.WEIGHTS else DP_CHUNK if kernel is Kernel.DP else ()
-    getattr(mod, kernel.value)(*args, *chunk)
+    extra = (*CHUNK,) if kernel is Kernel.WEIGHTS else (*DP_CHUNK, vbmi_available(mod)) if kernel is Kernel.DP else ()
+    getattr(mod, kernel.value)(*args, *extra)
     return out
