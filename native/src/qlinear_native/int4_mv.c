@@ -10,14 +10,10 @@
 #if QL_X86
 #include <stdlib.h>
 
+/* What int4_mm_dp needs (ql_dp_ready: AVX512 F, BW, VL, BF16, OS support) plus VBMI. */
 int ql_mv_ready(void) {
     unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
-        return 0;
-    int base = (b >> 16) & 1 && (b >> 30) & 1 && (b >> 31) & 1 && (c >> 1) & 1; /* F, BW, VL, VBMI */
-    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d))
-        return 0;
-    return base && ((a >> 5) & 1) && ql_os_avx512(); /* AVX512_BF16 */
+    return ql_dp_ready() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c >> 1) & 1;
 }
 
 /* rows (1 or 2) of x times one 64-channel block, written to out[:, c0:c0+64]; rs: the rows' per-group sums. */
