@@ -277,6 +277,8 @@ def main() -> int:
     ap.add_argument("--variant", help="--tune this variant instead of the one the crossovers pick")
     ap.add_argument("--skip", default="", help="peers to leave out: bf16,tinygemm,marlin,machete")
     ap.add_argument("--tinygemm-max-m", type=int, default=256, help="tinygemm is pathological above this M")
+    ap.add_argument("--table-of", help="use this device's tuned table ('' for none: heuristic + default crossovers)"
+                    " instead of this GPU's own or its shipped alias (A/B of whether a table carries over)")
     args = ap.parse_args()
     args.shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     args.m = [int(v) for v in args.m.split(",")]
@@ -285,10 +287,15 @@ def main() -> int:
         print("no CUDA device: this script times the GPU kernels")
         return 2
     t0 = time.time()
+    if args.table_of is not None:
+        configs.borrow_table(torch.cuda.get_device_name(), args.table_of)
     bw = read_bandwidth(DEV)
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {__import__('triton').__version__}; "
+    name = torch.cuda.get_device_name()
+    table = configs.table_device(name) if configs.device_table(name) else "none (heuristic)"
+    print(f"{name} torch {torch.__version__} triton {__import__('triton').__version__}; "
           f"HBM read {bw / 1e12:.2f} TB/s (the roofline's denominator), device copy {copy_bandwidth() / 1e12:.2f} "
-          f"TB/s; times in us (median of {args.reps} graph replays)\n")
+          f"TB/s; times in us (median of {args.reps} graph replays); config table: "
+          f"{table}\n")
     found: dict[str, object] = {}
     if args.variants:
         found.update(variants_table(args, bw))

@@ -10,6 +10,14 @@ import pytest
 from qlinear.kernels.triton import configs
 
 
+@pytest.fixture(autouse=True)
+def _fresh_layered_tables():
+    """Tests below swap the shipped tables; the per-device merge is cached by device name."""
+    configs._layered.cache_clear()
+    yield
+    configs._layered.cache_clear()
+
+
 def test_shipped_gemv_tc_entries_run_the_chunks_they_state() -> None:
     """Every shipped gemv_tc entry's block_k is the step it ran on the H200 (``units`` takes it unchanged), and
     the heuristic keeps steps inside a group except for 32-code groups (two a step)."""
@@ -17,7 +25,7 @@ def test_shipped_gemv_tc_entries_run_the_chunks_they_state() -> None:
     from qlinear.kernels.triton.layout import block_rows
     from qlinear.kernels.triton.qmv_tc import units
 
-    entries = {key: e for dev in configs._tables().values() for key, e in dev["configs"].items()
+    entries = {key: e for dev in configs._shipped()[0].values() for key, e in dev["configs"].items()
                if key.startswith("gemv_tc:")}
     assert len(entries) >= 30
     for key, e in entries.items():
@@ -37,7 +45,7 @@ def test_configs_table_and_heuristics(monkeypatch: pytest.MonkeyPatch) -> None:
     key = configs.table_key("gemv", 1, 4096, 4096, 4, 128)
     table = {"H": {"crossovers": {"4": {"gemv": 1, "skinny": 8, "gemm": 256}},
                    "configs": {key: {"block_n": 512, "block_k": 32, "split_k": 7, "num_warps": 4}}}}
-    monkeypatch.setattr(configs, "_tables", lambda: table)
+    monkeypatch.setattr(configs, "_shipped", lambda: (table, {}))
     assert [configs.pick_variant("H", m, 4) for m in (1, 2, 8, 9, 256, 300)] == \
         ["gemv", "skinny", "skinny", "gemm", "gemm", "dense"]
     assert configs.choose("H", 132, 2, 4096, 4096, 4, 128, "gemv").split_k == 7  # nearest bucket
@@ -62,7 +70,7 @@ def test_a_shape_timed_for_several_variants_takes_the_fastest(monkeypatch: pytes
                                configs.table_key("gemv_tc", 16, 4096, 4096, 4, 128): entry(11.7),
                                configs.table_key("skinny2", 16, 4096, 4096, 4, 128): entry(10.7),
                                configs.table_key("gemv_tc", 16, 8192, 4096, 4, 128): entry(1.0)}}}
-    monkeypatch.setattr(configs, "_tables", lambda: table)
+    monkeypatch.setattr(configs, "_shipped", lambda: (table, {}))
     assert configs.choose("H", 132, 12, 4096, 14336, 4, 128).variant == "gemv_tc"
     assert configs.choose("H", 132, 12, 4096, 4096, 4, 128).variant == "skinny2"
     assert configs.choose("H", 132, 12, 8192, 4096, 4, 128).variant == "skinny2"  # only one timed: crossovers
@@ -75,7 +83,7 @@ def test_shipped_table_runs_the_fastest_timed_variant_at_mid_m() -> None:
     gemv_tc / dense at M = 8..4096 on four shapes): every such key picks its fastest. A 4-bit call whose table
     has no timing falls to the crossovers, which put gemm5 ahead of gemm4 ahead of gemm3 ahead of gemm2;
     excluding the ones a layer cannot run gives the next."""
-    table = configs._tables()["NVIDIA H200"]["configs"]
+    table = configs.device_table("NVIDIA H200")["configs"]
     timed: dict[str, dict[str, float]] = {}
     for key, entry in table.items():
         if "us" in entry:
@@ -110,7 +118,7 @@ def test_explain_choice_names_the_variant_config_and_evidence() -> None:
     h200 = "NVIDIA H200"
     lines = explain_choice(h200, 132, 128, 14336, 4096, 4096, 4, 128, {})
     cfg = configs.legal(configs.choose(h200, 132, 128, 14336, 4096, 4, 128), 128, 4096, 4)
-    table = configs._tables()[h200]["configs"]
+    table = configs.device_table(h200)["configs"]
     us = {v: table[configs.table_key(v, 128, 14336, 4096, 4, 128)]["us"] for v in ("gemm5", "gemm4")}
     assert cfg.variant == "gemm5" and us["gemm5"] < us["gemm4"]
     assert lines[0].startswith("M=128: gemm5 — fastest of the variants")
@@ -128,3 +136,30 @@ def test_explain_choice_names_the_variant_config_and_evidence() -> None:
     assert f"  gemm3: {why}" in lines and f"  gemm4: {why4}" in lines and f"  gemm5: {why4}" in lines
     assert explain_choice(h200, 132, 5000, 3072, 3072, 3072, 4, 128, {})[0].startswith(
         "M=5000: dense — no variant's crossover covers M bucket 8192")
+
+
+def test_an_aliased_device_uses_the_other_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shipped alias gives a device another's table (same die, measured side by side); ``borrow_table``
+    overrides it for A/B runs ("" = no table: the heuristic and default crossovers) and None undoes that."""
+    key = configs.table_key("gemv", 1, 4096, 4096, 4, 128)
+    own = configs.table_key("gemv", 1, 4096, 4096, 8, 128)
+    table = {"H": {"crossovers": {"4": {"gemv": 1, "gemm": 256}},
+                   "configs": {key: {"block_n": 512, "block_k": 32, "split_k": 7, "num_warps": 4},
+                               own: {"block_n": 512, "block_k": 32, "split_k": 3, "num_warps": 4}}},
+             "H-sibling": {"configs": {own: {"block_n": 256, "block_k": 64, "split_k": 5, "num_warps": 2}}}}
+    monkeypatch.setattr(configs, "_shipped", lambda: (table, {"H-sibling": "H"}))
+    assert configs.table_device("H-sibling") == "H"
+    assert configs.choose("H-sibling", 132, 1, 4096, 4096, 4, 128).split_k == 7
+    assert configs.choose("H-sibling", 132, 1, 4096, 4096, 8, 128, "gemv").split_k == 5  # its own entry wins
+    assert configs.choose("H", 132, 1, 4096, 4096, 8, 128, "gemv").split_k == 3
+    assert configs.pick_variant("H-sibling", 2, 4) == "gemm"
+    try:
+        configs.borrow_table("H-sibling", "")
+        assert configs.device_table("H-sibling") == {}
+        assert configs.pick_variant("H-sibling", 1, 4) == "gemv_tc"  # default crossovers
+        configs.borrow_table("other", "H")
+        assert configs.choose("other", 132, 1, 4096, 4096, 4, 128, "gemv").split_k == 7
+    finally:
+        configs.borrow_table("H-sibling", None)
+        configs.borrow_table("other", None)
+    assert configs.table_device("H-sibling") == "H" and configs.table_device("other") == "other"

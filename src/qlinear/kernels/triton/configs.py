@@ -83,26 +83,67 @@ def table_key(variant: str, m: int, n: int, k: int, bits: int, group: int) -> st
 
 
 @functools.cache
-def _tables() -> dict[str, Any]:
-    """Every shipped table merged by device name (read once: shipped data, not a runtime fact)."""
+def _shipped() -> tuple[dict[str, Any], dict[str, str]]:
+    """Every shipped table merged by device name, and the aliases (a device that uses another's table, with
+    the measurement that justified it). Read once: shipped data, not a runtime fact."""
     merged: dict[str, Any] = {}
+    aliases: dict[str, str] = {}
     for name in TABLES:
         try:
             text = resources.files(__package__).joinpath(name).read_text()
         except (FileNotFoundError, ModuleNotFoundError):
             continue
-        for dev, entry in json.loads(text).get("devices", {}).items():
+        data = json.loads(text)
+        for dev, entry in data.get("devices", {}).items():
             merged.setdefault(dev, {"crossovers": {}, "configs": {}})
             merged[dev]["crossovers"].update(entry.get("crossovers", {}))
             merged[dev]["configs"].update(entry.get("configs", {}))
-    return merged
+        aliases.update({dev: alias["table"] for dev, alias in data.get("aliases", {}).items()})
+    return merged, aliases
+
+
+#: benchmark A/B runs: device name -> the table it uses instead of its own or its shipped alias ("" = none)
+_borrowed: dict[str, str] = {}
+
+
+def borrow_table(device: str, table_device: str | None) -> None:
+    """Make ``device`` use ``table_device``'s table ("" for no table: the heuristic and default crossovers;
+    None to undo). For side-by-side measurements of whether a table carries over to another GPU."""
+    if table_device is None:
+        _borrowed.pop(device, None)
+    else:
+        _borrowed[device] = table_device
+
+
+def table_device(device: str) -> str:
+    """The device whose table ``device`` uses: itself, or its shipped alias (same die and SM count, measured)."""
+    if device in _borrowed:
+        return _borrowed[device]
+    return _shipped()[1].get(device, device)
+
+
+def device_table(device: str) -> dict[str, Any]:
+    """``{"crossovers": ..., "configs": ...}`` for ``device`` (empty when no table applies): the aliased
+    table's entries with the device's own measured entries, where it has any, over them."""
+    return _layered(device, table_device(device))
+
+
+@functools.cache
+def _layered(device: str, source: str) -> dict[str, Any]:
+    tables = _shipped()[0]
+    if not source:
+        return {}
+    base, own = tables.get(source, {}), tables.get(device, {}) if source != device else {}
+    if not own:
+        return base
+    return {part: {**base.get(part, {}), **own.get(part, {})} for part in ("crossovers", "configs")}
 
 
 def pick_variant(device: str, m: int, bits: int, exclude: tuple[str, ...] = ()) -> str:
     """The variant for M rows: the device table's crossovers for these bits, else the defaults; the first
     variant (in ``VARIANTS`` order) whose crossover covers M's bucket, skipping ``exclude`` (variants this
     call cannot run)."""
-    cross = _tables().get(device, {}).get("crossovers", {})
+    cross = device_table(device).get("crossovers", {})
     limits = cross.get(str(bits)) or cross.get("default") or DEFAULT_CROSSOVERS
     b = m_bucket(m)
     for v in VARIANTS[:-1]:
@@ -116,7 +157,7 @@ def measured_variant(device: str, m: int, n: int, k: int, bits: int, group: int,
     """The fastest variant timed side by side for exactly this call's key (M bucket, N, K, bits, group): the
     sweeps write each entry's median ``us`` beside its config, and a table gives times for a key only from one
     run. None unless two or more variants (not in ``exclude``) were timed; then the crossovers decide."""
-    table = _tables().get(device, {}).get("configs", {})
+    table = device_table(device).get("configs", {})
     timed = {}
     for v in VARIANTS:
         entry = table.get(table_key(v, m, n, k, bits, group))
@@ -240,7 +281,7 @@ def choose(device: str, sms: int, m: int, n: int, k: int, bits: int, group: int,
     this exact key, else the crossovers by M; ``exclude`` skips variants this call cannot run."""
     variant = variant or measured_variant(device, m, n, k, bits, group, exclude) or pick_variant(device, m, bits,
                                                                                                   exclude)
-    table = _tables().get(device, {}).get("configs", {})
+    table = device_table(device).get("configs", {})
     entry = table.get(table_key(variant, m, n, k, bits, group))
     exact = entry is not None
     if not entry:

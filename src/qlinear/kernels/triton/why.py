@@ -11,13 +11,13 @@ from . import configs
 
 
 def _limits(device: str, bits: int) -> dict[str, int]:
-    cross = configs._tables().get(device, {}).get("crossovers", {})
+    cross = configs.device_table(device).get("crossovers", {})
     found = cross.get(str(bits)) or cross.get("default") or configs.DEFAULT_CROSSOVERS
     return {v: int(limit) for v, limit in found.items()}
 
 
 def _timings(device: str, m: int, n: int, k: int, bits: int, group: int) -> dict[str, float]:
-    table = configs._tables().get(device, {}).get("configs", {})
+    table = configs.device_table(device).get("configs", {})
     out = {}
     for v in configs.VARIANTS:
         entry = table.get(configs.table_key(v, m, n, k, bits, group))
@@ -38,11 +38,13 @@ def explain_choice(device: str, sms: int, m: int, n: int, k: int, kp: int, bits:
     bucket = configs.m_bucket(m)
     timed = {v: us for v, us in _timings(device, m, n, k, bits, group).items() if v not in exclude}
     limits = _limits(device, bits)
-    table = configs._tables().get(device, {}).get("configs", {})
+    table = configs.device_table(device).get("configs", {})
     key = configs.table_key(cfg.variant, m, n, k, bits, group)
     if len(timed) >= 2:
         times = ", ".join(f"{v} {us:.1f} us" for v, us in sorted(timed.items(), key=lambda t: t[1]))
-        evidence = f"fastest of the variants the {device} table timed side by side for this shape ({times})"
+        source = configs.table_device(device)
+        whose = source if source == device else f"{source} (whose table this {device} uses)"
+        evidence = f"fastest of the variants the {whose} table timed side by side for this shape ({times})"
     elif cfg.variant == "dense":
         evidence = f"no variant's crossover covers M bucket {bucket}: dequantize + cuBLAS"
     else:
