@@ -80,7 +80,9 @@ def checks(gen: torch.Generator) -> int:
                                             (4, 32, 512, 72, False, False), (4, 64, 768, 136, True, True),
                                             (4, -1, 1000, 96, False, False), (2, 128, 1024, 264, False, False),
                                             (2, 32, 512, 40, True, True), (2, -1, 2048, 128, True, False),
-                                            (4, 128, 4096, 14336, False, False)):
+                                            (4, 128, 4096, 14336, False, False), (8, 128, 4096, 4096, True, False),
+                                            (8, 128, 1024, 200, False, True), (8, 32, 512, 72, False, False),
+                                            (8, -1, 1000, 96, False, False)):
             for m in (1, 13):
                 for cfg in (Config("gemv_tc", 8, 128, 128, 1, 4, 1),
                             Config("gemv_tc", 16, 32, 64, 5, 2, 1, prefetch=True),
@@ -88,6 +90,7 @@ def checks(gen: torch.Generator) -> int:
                     cases.append((bits, group, k, n, m, sym, act, dtype, cfg, False))
         cases.append((4, 32, 1024, 320, 1, True, False, dtype, Config("gemv_tc", 8, 128, 128, 4, 4, 1), True))
         cases.append((4, 32, 4096, 4096, 5, True, False, dtype, Config("gemv_tc", 8, 128, 128, 8, 4, 1), True))
+        cases.append((8, 32, 1024, 320, 3, True, False, dtype, Config("gemv_tc", 8, 128, 64, 4, 4, 1), True))
     worst = 0.0
     for i, c in enumerate(cases):
         cfg = replace(c[8], sub_zero=i % 2 == 1, stage_x=i // 2 % 2 == 1)

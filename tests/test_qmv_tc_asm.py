@@ -86,7 +86,9 @@ def run_asm(asm: str, regs: list[dict[str, float | int]], bf16: bool) -> None:
                          [(4, 128, True, 1, False), (4, 32, False, 2, False), (2, 128, True, 2, False),
                           (2, 32, False, 1, False), (2, 64, True, 1, False), (4, 128, True, 2, True),
                           (4, 32, False, 1, True), (2, 128, False, 1, True),
-                          (2, 128, True, 2, True), (2, 32, True, 1, True), (2, 64, False, 2, True)])
+                          (2, 128, True, 2, True), (2, 32, True, 1, True), (2, 64, False, 2, True),
+                          (8, 128, True, 1, True), (8, 32, True, 2, True), (8, 64, True, 1, True),
+                          (8, 128, False, 1, False), (8, 32, False, 2, True)])
 def test_asm_chunk_sums_match_the_codes(bits: int, group: int, bf16: bool, nb: int, sub: bool) -> None:
     """One warp, one chunk (a field block), columns 0..31: C = sum (m + q) x (with ``sub``: sum (q - z) x)
     and Cx = sum x, per the C fragment (tile 0: column 4g + c // 2; tile 1: + 2; x row 2t + c % 2; set b:
@@ -120,8 +122,9 @@ def test_asm_chunk_sums_match_the_codes(bits: int, group: int, bf16: bool, nb: i
                     int(xbits[min(g + 8 * b, 8 * nb - 1), kk + 1]) << 16
         for i in range(24):
             lane[f"${64 + i}"] = 0.0
-        for c in range(4):  # -(m + z) twice, z of the lane's word column (a per-column zero here)
-            h = int(torch.tensor(-(magic + zero[4 * g + c]), dtype=dtype).view(torch.int16)) & 0xFFFF
+        for c in range(4):  # -(m + z) twice (8-bit on bf16: -z), z of the lane's word column (one per column)
+            zm = 0.0 if bits == 8 and bf16 else magic
+            h = int(torch.tensor(-(zm + zero[4 * g + c]), dtype=dtype).view(torch.int16)) & 0xFFFF
             lane[f"${88 + c}"] = h | h << 16
         regs.append(lane)
     run_asm(mma_asm(bits, nf, bf16, nb, sub, cx=True), regs, bf16)
@@ -138,3 +141,9 @@ def test_asm_chunk_sums_match_the_codes(bits: int, group: int, bf16: bool, nb: i
                     want = float(q[col] @ xs[m])
                     assert lane[f"${12 * b + 4 * tile + c}"] == pytest.approx(want, rel=1e-9, abs=1e-6)
                 assert lane[f"${12 * b + 8 + c}"] == pytest.approx(float(xs[m].sum()), rel=1e-9, abs=1e-9)
+
+
+def test_eight_bit_bf16_asm_needs_sub() -> None:
+    """m + q of an 8-bit code needs 9 significant bits: bf16 runs only the byte-split, zero-subtracting form."""
+    with pytest.raises(ValueError, match="sub=True"):
+        mma_asm(8, 4, True, 1, False, True)

@@ -117,8 +117,12 @@ def test_gptq_variant_matches_oracle(case: tuple, variant: str) -> None:
         with pytest.raises(ValueError, match=f"{variant} cannot run this call: .*{reason}"):
             layer.matmul(x, config=cfg)
         return
-    if (variant in ("skinny3", "gemm3") and case[1] != 4) or (variant == "gemv_tc" and case[1] == 8):
+    if variant in ("skinny3", "gemm3") and case[1] != 4:
         with pytest.raises(ValueError, match=f"{variant} cannot run this call: {case[1]}-bit words"):
+            layer.matmul(x, config=cfg)
+        return
+    if variant == "gemv_tc" and case[1] == 8 and case[2] == 16:  # 8-bit g16: field blocks of 4 word rows
+        with pytest.raises(ValueError, match="gemv_tc cannot run this call: field blocks of 4 word rows"):
             layer.matmul(x, config=cfg)
         return
     y = layer.matmul(x, config=cfg)
@@ -172,7 +176,8 @@ def test_gemv_prefetch_matches_oracle(case: tuple) -> None:
                          [(GPTQ[0], 2, 2, 1, False, 1, 16, 4), (GPTQ[1], 1, 4, 2, True, 8, 16, 4),
                           (GPTQ[2], 1, 2, 5, True, 3, 8, 4), (GPTQ[3], 2, 4, 3, False, 16, 16, 1),
                           (GPTQ[4], 1, 2, 2, True, 9, 16, 2), (GPTQ[5], 2, 2, 4, True, 2, 8, 4),
-                          (GPTQ[0], 2, 2, 3, False, 21, 8, 16)],
+                          (GPTQ[0], 2, 2, 3, False, 21, 8, 16), (GPTQ[6], 2, 2, 3, True, 1, 8, 4),
+                          (GPTQ[7], 1, 4, 2, False, 11, 16, 4)],
                          ids=lambda v: f"{v[1]}b-g{v[2]}" if isinstance(v, tuple) else str(v))
 def test_gemv_tc_tilings_match_oracle(case: tuple, wn: int, warps: int, split: int, prefetch: bool, m: int,
                                       rows: int, sums: int) -> None:
@@ -214,13 +219,15 @@ def test_gemv_tc_steps_of_several_groups_match_oracle(case: tuple, unit: int, m:
 
 
 def test_gemv_tc_is_picked_by_m_and_skipped_where_it_cannot_run() -> None:
-    """Without a device table the defaults give M <= 8 to gemv_tc; 8-bit weights (no magic-number pairs)
-    and groups too short for a field block fall back to what the crossovers give without it."""
+    """Without a device table the defaults give M <= 8 to gemv_tc (2, 4 and 8-bit); groups too short for a
+    field block (8-bit g16: 4 word rows) fall back to what the crossovers give without it."""
     four, _, _ = gptq_layer(GPTQ[0])
     eight, _, _ = gptq_layer(GPTQ[6])
+    short, _, _ = gptq_layer(GPTQ[8])
     cpu = torch.device("cpu")
     assert [four.config_for(m, cpu).variant for m in (1, 8, 9, 40)] == ["gemv_tc", "gemv_tc", "skinny2", "gemm3"]
-    assert [eight.config_for(m, cpu).variant for m in (1, 4, 40)] == ["gemv", "skinny2", "gemm2"]
+    assert [eight.config_for(m, cpu).variant for m in (1, 4, 40)] == ["gemv_tc", "gemv_tc", "gemm2"]
+    assert [short.config_for(m, cpu).variant for m in (1, 4, 40)] == ["gemv", "skinny2", "gemm2"]
 
 
 def test_explain_call_agrees_with_the_config_the_forward_runs() -> None:

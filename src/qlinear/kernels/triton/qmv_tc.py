@@ -4,7 +4,9 @@ Why: the CUDA-core GEMV spends ~4 instructions per weight (LOP3, FFMA (q - z), F
 issue time as its bytes take to stream (``benchmarks/triton_notes.md``). Here each warp runs
 ``mma.sync.m16n8k16`` with the weights as A (16 output channels x 16 K slots) and the activations as B
 (16 K slots x 8 rows): the dequantization is one PRMT and two LOP3 per four codes, and the multiply-add is
-one tensor-core instruction per 256 weights, so M = 1..8 costs the same.
+one tensor-core instruction per 256 weights, so M = 1..8 costs the same. 8-bit codes: one PRMT and LOP3 per
+code pair on float16; on bfloat16, where ``m + q`` is not exact, each byte is split into nibbles
+(``qmv_tc_asm._byte_split_asm``).
 
 Which registers a lane holds is the whole trick. The PTX fragment of lane ``(g, t) = (lane // 4, lane % 4)``
 is: A rows ``g`` and ``g + 8``, K slots ``2t, 2t+1, 2t+8, 2t+9``; B column ``g``, the same K slots; C rows
@@ -109,7 +111,8 @@ def _frag_to_tile(a0, a1, WARPS: tl.constexpr):
 @triton.jit
 def _neg_zero_pairs(Z, grp, NP, cols, nmask, ZC: tl.constexpr, MAGIC: tl.constexpr, HAS_Z: tl.constexpr,
                     IS_BF16: tl.constexpr, L: tl.constexpr):
-    """Per word column of the lane, ``-(m + z)`` twice in one int32 (bf16x2 / f16x2) for the asm's FMA."""
+    """Per word column of the lane, ``-(m + z)`` twice in one int32 (bf16x2 / f16x2) for the asm's FMA
+    (``MAGIC`` 0 for 8-bit codes on bf16, whose asm adds ``-z`` to ``128 + l``: ``m + z`` is not exact there)."""
     if HAS_Z:
         v = -(tl.load(Z + grp * NP + cols, mask=nmask, other=0).to(tl.float32) + MAGIC)
     else:
@@ -146,6 +149,7 @@ def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
     ROWS: tl.constexpr = 8 * NB
     IS_BF16: tl.constexpr = X.dtype.element_ty == tl.bfloat16
     MAGIC: tl.constexpr = 128.0 if IS_BF16 else 1024.0
+    ZM: tl.constexpr = 0.0 if IS_BF16 and BITS == 8 else MAGIC  # the asm's zero pairs: -(ZM + z)
     SUB_E: tl.constexpr = SUBZ and USE_ASM  # C already holds sum (q - z) x (the twin always sums (m + q) x)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -205,7 +209,7 @@ def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
         e1 = tl.zeros((L, 4), dtype=tl.float32)
         ex = tl.zeros((L, 4), dtype=tl.float32)
         if USE_ASM:
-            zz = _neg_zero_pairs(Z, (uc * UNIT * CK) // GS, NP, cols, nmask, ZC, MAGIC, HAS_Z, IS_BF16, L)
+            zz = _neg_zero_pairs(Z, (uc * UNIT * CK) // GS, NP, cols, nmask, ZC, ZM, HAS_Z, IS_BF16, L)
             if PREFETCH:
                 w0, w1, w2, w3, w4, w5, w6, w7 = n0, n1, n2, n3, n4, n5, n6, n7
                 p0, p1, p2, p3, p4, p5, p6, p7 = q0, q1, q2, q3, q4, q5, q6, q7
@@ -222,7 +226,7 @@ def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
             kbase = (uc * UNIT + ci) * CK
             if USE_ASM:
                 if PER_GROUP and HAS_Z and ci > 0 and ci % CPG == 0:  # the next group's zeros
-                    zz = _neg_zero_pairs(Z, kbase // GS, NP, cols, nmask, ZC, MAGIC, HAS_Z, IS_BF16, L)
+                    zz = _neg_zero_pairs(Z, kbase // GS, NP, cols, nmask, ZC, ZM, HAS_Z, IS_BF16, L)
                 if ci == 0:
                     wa, wb, x0, x1, x2, x3 = w0, w1, p0, p1, p2, p3
                 elif ci == 1:
@@ -283,8 +287,8 @@ def tc_reasons(p: Packed, m: int, dtype: torch.dtype, capability: tuple[int, int
     out = []
     if capability is not None and capability < (8, 0):
         out.append(f"compute capability {capability[0]}.{capability[1]} (mma.sync m16n8k16 needs 8.0+)")
-    if p.bits not in (2, 4):
-        out.append(f"{p.bits}-bit words (gemv_tc takes 2 and 4-bit codes: one magic-number LOP3 per code pair)")
+    if p.bits not in (2, 4, 8):
+        out.append(f"{p.bits}-bit words (gemv_tc takes 2, 4 and 8-bit codes: magic-number LOP3s per code pair)")
     elif (32 // p.bits) * p.rows_per_block // 8 < 4:
         out.append(f"field blocks of {p.rows_per_block} word rows (gemv_tc needs groups of 32+ codes)")
     if dtype not in (torch.float16, torch.bfloat16):
@@ -337,7 +341,7 @@ def qmv_tc(x2: torch.Tensor, p: Packed, cfg: object, bias: torch.Tensor | None, 
     split = max(1, min(cfg.split_k, nch // unit)) if lock is not None and tiles_n * tiles_m <= lock.numel() else 1
     part = torch.empty((split, m, p.n), dtype=torch.float32, device=x2.device) if split > 1 else y
     nf = (32 // p.bits) * p.rows_per_block // 8
-    subz = cfg.sub_zero
+    subz = cfg.sub_zero or (p.bits == 8 and x2.dtype == torch.bfloat16)  # the only 8-bit bf16 form (qmv_tc_asm)
     asm = mma_asm(p.bits, nf, x2.dtype == torch.bfloat16, nb, subz, not subz or p.offsets is not None)
     qmv_tc_kernel[(tiles_m, tiles_n, split)](
         x2, p.qweight, p.scales, p.zeros if p.zeros is not None else p.scales, p.offset_arg(), p.super_arg(),

@@ -24,10 +24,14 @@ def mma_asm(bits: int, nf: int, bf16: bool, nb: int, sub: bool = False, cx: bool
     becomes ``q - z`` (one exact FMA) so C needs no ``(m + z) Cx`` correction; 2-bit codes 1 and 3 of a
     byte are then masked in place (``m + 4 q``, exact) and the FMA scales by 1/4: one shift per byte, not three.
     """
+    if bits == 8 and bf16:
+        if not sub:
+            raise ValueError("8-bit codes on bfloat16 run only with sub=True (m + q is not exact in bf16)")
+        return _byte_split_asm(nf, nb, cx)
     magic = "0x43004300" if bf16 else "0x64006400"
     one = "0x3F803F80" if bf16 else "0x3C003C00"
     ty = "bf16" if bf16 else "f16"
-    mask = "0x000F000F" if bits == 4 else "0x00030003"
+    mask = {8: "0x00FF00FF", 4: "0x000F000F", 2: "0x00030003"}[bits]
     per_byte = 8 // bits
     lines = ["{", ".reg .b32 t, u, one;", f".reg .b32 p<{4 * nf}>;", f"mov.b32 one, {one};"]
     quad = bits == 2 and sub  # 2-bit codes 1 and 3 of a byte taken in place (as 4 q), scaled back by the FMA
@@ -68,6 +72,38 @@ def mma_asm(bits: int, nf: int, bf16: bool, nb: int, sub: bool = False, cx: bool
                 d = ", ".join(f"${out + i}" for i in range(4))
                 src = ", ".join(f"${(64 + out if s == 0 else out) + i}" for i in range(4))
                 lines.append(f"{mma} {{{d}}}, {{{a}}}, {b}, {{{src}}};")
+    return "\n".join([*lines, "}"])
+
+
+def _byte_split_asm(nf: int, nb: int, cx: bool) -> str:
+    """8-bit codes on bfloat16: ``m + q`` needs 9 significant bits, so each byte is split into nibbles,
+    ``q - z = 16 (h - 8) + (128 + l - z)``, both terms exact in bf16 (``$88 + c`` holds ``-z`` twice here).
+    One MMA per field: its first K half takes the low-nibble terms, the second the high ones, against the
+    same x pair; the Cx MMA's A is 1 on the first half only, so it sums x once."""
+    lines = ["{", ".reg .b32 t, u, one, zero, sixteen, shift8;", f".reg .b32 lo<{4 * nf}>, hi<{4 * nf}>;",
+             "mov.b32 one, 0x3F803F80;", "mov.b32 zero, 0;", "mov.b32 sixteen, 0x41804180;",
+             "mov.b32 shift8, 0xC508C508;"]  # -2176 = -16 (128 + 8) twice
+    for c in range(4):
+        for x in range(nf):
+            sel = x | x << 4 | (4 + x) << 8 | (4 + x) << 12
+            r = c * nf + x
+            lines += [f"prmt.b32 t, ${24 + c}, ${28 + c}, {sel:#06x};",
+                      f"lop3.b32 lo{r}, t, 0x000F000F, 0x43004300, 0xEA;",  # 128 + l
+                      "shr.u32 u, t, 4;",
+                      f"lop3.b32 hi{r}, u, 0x000F000F, 0x43004300, 0xEA;",  # 128 + h
+                      f"fma.rn.bf16x2 lo{r}, lo{r}, one, ${88 + c};",  # 128 + l - z
+                      f"fma.rn.bf16x2 hi{r}, hi{r}, sixteen, shift8;"]  # 16 (h - 8)
+    mma = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+    for f in range(nf):
+        for bset in range(nb):
+            xf = f"${32 + 16 * bset + f}"
+            tiles = [(0, f"lo{f}, lo{nf + f}, hi{f}, hi{nf + f}"),
+                     (4, f"lo{2 * nf + f}, lo{3 * nf + f}, hi{2 * nf + f}, hi{3 * nf + f}")]
+            for acc, a in tiles + ([(8, "one, one, zero, zero")] if cx else []):
+                out = 12 * bset + acc
+                d = ", ".join(f"${out + i}" for i in range(4))
+                src = ", ".join(f"${(64 + out if f == 0 else out) + i}" for i in range(4))
+                lines.append(f"{mma} {{{d}}}, {{{a}}}, {{{xf}, {xf}}}, {{{src}}};")
     return "\n".join([*lines, "}"])
 
 #: operand constraints of ``mma_asm`` (the same for every case)
