@@ -163,3 +163,13 @@ def test_an_aliased_device_uses_the_other_table(monkeypatch: pytest.MonkeyPatch)
         configs.borrow_table("H-sibling", None)
         configs.borrow_table("other", None)
     assert configs.table_device("H-sibling") == "H" and configs.table_device("other") == "other"
+
+
+def test_shipped_aliases_name_a_shipped_table() -> None:
+    """The H100 SXM runs on the H200's table (same die and SM count; measured side by side): every shipped alias
+    points at a table that ships, and a device's own entries (none yet for the H100) are layered over it."""
+    tables, aliases = configs._shipped()
+    assert aliases.get("NVIDIA H100 80GB HBM3") == "NVIDIA H200"
+    for device, source in aliases.items():
+        assert source in tables and source != device, (device, source)
+    assert configs.device_table("NVIDIA H100 80GB HBM3")["configs"] == tables["NVIDIA H200"]["configs"]

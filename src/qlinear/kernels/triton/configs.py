@@ -46,7 +46,7 @@ DEFAULT_CROSSOVERS = {"gemv_tc": 8, "gemv": 1, "gemm5": 4096, "gemm4": 2048, "sk
 #: to ~1.45x the estimate (layout buffers), so this keeps under sm_90's 227 KiB opt-in limit; a
 #: 2-bit config asked 258048 B on the H200 before this clamp.
 SMEM_BUDGET = 150 * 1024
-TABLES = ("tuned_h200.json",)
+TABLES = ("tuned_h200.json", "tuned_h100.json")
 
 
 @dataclass(frozen=True)

@@ -177,8 +177,9 @@ def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
     xmask1 = xm + 8 < M
     X32 = X.to(tl.pointer_type(tl.int32), bitcast=True)
     # staged x only for field blocks of 8 rows (groups of 64+ 4-bit / 128+ 2-bit codes): with fewer rows the
-    # reshape's layout won Triton's layout choice for the asm and mispacked its operands (offline TTGIR, H200)
-    STAGE: tl.constexpr = STAGE_X and USE_ASM and WK == 1 and R == 8
+    # reshape's layout won Triton's layout choice for the asm and mispacked its operands (offline TTGIR, H200);
+    # and only with 8+ fields a lane: 8-bit codes' 4 (one [L, 4] tensor) came out wrong on an H100 (gpu_check)
+    STAGE: tl.constexpr = STAGE_X and USE_ASM and WK == 1 and R == 8 and NF >= 8
     srow0 = pid_m * ROWS
     stride32 = stride_xm // 2
     nunits = NCH // UNIT
