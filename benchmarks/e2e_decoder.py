@@ -221,7 +221,7 @@ VARIANTS: dict[str, tuple[str, Factory | None]] = {
     "gptq4": ("GPTQ 4-bit g128 (AUTO)", affine(4, "auto")),
     "int8": ("GPTQ 8-bit g128 (AUTO)", affine(8, "auto")),
     "q4_k": ("GGUF Q4_K (AUTO)", gguf("Q4_K")),
-    "marlin": ("GPTQ 4-bit g128 on vLLM Marlin", affine(4, "marlin")),
+    "marlin": ("GPTQ 4-bit g128 on vLLM Marlin", affine(4, "gptq_marlin")),
 }
 
 
