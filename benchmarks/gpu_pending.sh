@@ -25,8 +25,8 @@ python -c "import gguf" 2>/dev/null || { [ -d .whl ] && python -m pip install -q
 # GPTQ variant sweep to its end (a 170 s limit stopped it inside the 2-bit layers on 2026-12-05)
 run conformance_cuda 200 python benchmarks/gpu_check.py --conformance
 run gpu_check 300 python benchmarks/gpu_check.py --budget 260 --out "$OUT/gpu_check.md"
-# the EXL3 GEMV under register caps (ncu: 96 registers, 31 % theoretical occupancy, issue 47 % busy)
-run exl3_maxnreg 120 python benchmarks/gpu_exl3_parts.py --no-transforms --maxnreg 0,64,80
+# 8-bit gemv_tc against the shipped variants on the H200 (its table's 8-bit crossovers predate 8-bit gemv_tc)
+run gemv_tc8_rows 90 python benchmarks/gemv_tc8_rows.py --shapes 4096x14336,8192x28672,4096x4096,14336x4096
 # the same cells on an H200 (every number of 2026-12-05 is an H100's)
 run gpu_exl3 120 python benchmarks/gpu_exl3.py --ms 1,2,4,8,16,32,64,256
 run gpu_paroquant 90 python benchmarks/gpu_paroquant.py
