@@ -60,19 +60,26 @@ def mma_asm(bits: int, nf: int, bf16: bool, nb: int, sub: bool = False, cx: bool
                 lines.append(f"lop3.b32 {reg}, {src}, {mask}, {magic}, 0xEA;")
                 if sub:
                     lines.append(f"fma.rn.{ty}x2 {reg}, {reg}, one, ${88 + c};")
+    steps = [(f"p{fa}, p{nf + fa}, p{fb}, p{nf + fb}",
+              f"p{2 * nf + fa}, p{3 * nf + fa}, p{2 * nf + fb}, p{3 * nf + fb}",
+              [f"{{${32 + 16 * b + fa}, ${32 + 16 * b + fb}}}" for b in range(nb)])
+             for fa, fb in ((2 * s, 2 * s + 1) for s in range(nf // 2))]
+    return "\n".join([*lines, *_mmas(ty, steps, "one, one, one, one" if cx else ""), "}"])
+
+
+def _mmas(ty: str, steps: list[tuple[str, str, list[str]]], cx_a: str) -> list[str]:
+    """The MMAs of a chunk: per K16 step (tile 0's A, tile 1's A, B per row set), each set's two tiles and, with
+    ``cx_a`` (the A that sums x), its Cx; the first step reads C in (``$64 + ...``), later ones accumulate."""
     mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32"
-    for s in range(nf // 2):
-        fa, fb = 2 * s, 2 * s + 1
-        for bset in range(nb):
-            b = f"{{${32 + 16 * bset + fa}, ${32 + 16 * bset + fb}}}"
-            tiles = [(0, f"p{fa}, p{nf + fa}, p{fb}, p{nf + fb}"),
-                     (4, f"p{2 * nf + fa}, p{3 * nf + fa}, p{2 * nf + fb}, p{3 * nf + fb}")]
-            for acc, a in tiles + ([(8, "one, one, one, one")] if cx else []):
+    lines = []
+    for s, (a0, a1, bs) in enumerate(steps):
+        for bset, b in enumerate(bs):
+            for acc, a in [(0, a0), (4, a1)] + ([(8, cx_a)] if cx_a else []):
                 out = 12 * bset + acc
                 d = ", ".join(f"${out + i}" for i in range(4))
                 src = ", ".join(f"${(64 + out if s == 0 else out) + i}" for i in range(4))
                 lines.append(f"{mma} {{{d}}}, {{{a}}}, {b}, {{{src}}};")
-    return "\n".join([*lines, "}"])
+    return lines
 
 
 def _byte_split_asm(nf: int, nb: int, cx: bool) -> str:
@@ -93,18 +100,10 @@ def _byte_split_asm(nf: int, nb: int, cx: bool) -> str:
                       f"lop3.b32 hi{r}, u, 0x000F000F, 0x43004300, 0xEA;",  # 128 + h
                       f"fma.rn.bf16x2 lo{r}, lo{r}, one, ${88 + c};",  # 128 + l - z
                       f"fma.rn.bf16x2 hi{r}, hi{r}, sixteen, shift8;"]  # 16 (h - 8)
-    mma = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
-    for f in range(nf):
-        for bset in range(nb):
-            xf = f"${32 + 16 * bset + f}"
-            tiles = [(0, f"lo{f}, lo{nf + f}, hi{f}, hi{nf + f}"),
-                     (4, f"lo{2 * nf + f}, lo{3 * nf + f}, hi{2 * nf + f}, hi{3 * nf + f}")]
-            for acc, a in tiles + ([(8, "one, one, zero, zero")] if cx else []):
-                out = 12 * bset + acc
-                d = ", ".join(f"${out + i}" for i in range(4))
-                src = ", ".join(f"${(64 + out if f == 0 else out) + i}" for i in range(4))
-                lines.append(f"{mma} {{{d}}}, {{{a}}}, {{{xf}, {xf}}}, {{{src}}};")
-    return "\n".join([*lines, "}"])
+    steps = [(f"lo{f}, lo{nf + f}, hi{f}, hi{nf + f}",
+              f"lo{2 * nf + f}, lo{3 * nf + f}, hi{2 * nf + f}, hi{3 * nf + f}",
+              [f"{{${32 + 16 * b + f}, ${32 + 16 * b + f}}}" for b in range(nb)]) for f in range(nf)]
+    return "\n".join([*lines, *_mmas("bf16", steps, "one, one, zero, zero" if cx else ""), "}"])
 
 #: operand constraints of ``mma_asm`` (the same for every case)
 MMA_CONSTRAINTS = ",".join(["=f"] * 24 + ["r"] * 40 + ["f"] * 24 + ["r"] * 4)
