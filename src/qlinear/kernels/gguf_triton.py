@@ -7,9 +7,9 @@ variant from M (``triton/gguf_configs.py``): split-K GEMV on CUDA cores (M <= 2)
 with a 16-row activation tile (M <= 16), tiled ``tl.dot`` (M <= 128), or a transient dense weight in the
 activation dtype and torch's matmul (cuBLAS) above. Float32 activations are multiplied in float32.
 
-Types run: Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q1_0, Q1_0_G128, the ones the declaration's
-logical bits (1, 4, 5, 6) admit. The bodies also run Q8_0 (``RUNNABLE``; a directly built layer
-works), but the declaration (from the reference) excludes 8 bits, so the selector never picks it.
+Types run: Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q8_0, Q1_0, Q1_0_G128. The reference declares logical
+bits 1/4/5/6; qlinear adds 8 (``planned/gguf.TRITON_EXTRA_BITS``) so that Q8_0 layers on CUDA run these bodies
+rather than GGUFTorchLinear's whole-weight decode in every forward.
 
 ``affine_runtime=True`` trades memory for speed on Q4_0, Q4_1 and Q4_K with float16/bfloat16
 activations: ``prepare()`` also builds the GPTQ kernels' runtime layout from the blocks' exact

@@ -58,13 +58,20 @@ class GGUFCudaKernel(PlannedKernel):
     )
 
 
+#: Bits qlinear's GGUFTritonKernel declares beyond the reference's 1/4/5/6: Q8_0, which its block bodies run
+#: (``kernels/gguf_triton.RUNNABLE``, checked against gguf-py). Without it AUTO sends every Q8_0 layer on CUDA to
+#: GGUFTorchLinear, which decodes the whole weight with torch in each forward. A deliberate widening
+#: (``tests/test_declarations.DELIBERATE``).
+TRITON_EXTRA_BITS = frozenset({8})
+
+
 class GGUFTritonKernel(PlannedKernel):
     """Native GGUF block bytes for its qtype subset decoded and multiplied by Triton (FP16 work inputs)."""
 
     backend = BACKEND.GGUF_TRITON
     caps = GGUFTorchLinear.caps.but(
         formats={FORMAT.GGUF: 45},
-        bits=frozenset({1, 4, 5, 6}),
+        bits=frozenset({1, 4, 5, 6}) | TRITON_EXTRA_BITS,
         training=False,
         devices=frozenset({DEVICE.CUDA}),
         requires_modules={"triton": "triton>=3.4"},
