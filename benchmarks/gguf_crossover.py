@@ -5,8 +5,9 @@
 
 ``triton/gguf_configs.CROSSOVERS`` was measured when the ``dense`` variant decoded with torch (1.1-1.3 ms for
 4096x14336); the Triton decoder now takes about a tenth of that, so dense may win much lower. For each cell this
-times the raw-block variants (gemv, skinny, gemm, dense; each by its own heuristic config), the ``affine_runtime``
-layer's own choice where the type has one, and bf16 ``F.linear``, every one checked against float64 of the
+times the raw-block variants (gemv, skinny, gemm, dense; each by its own heuristic config; ``affine_runtime=False``),
+the default layer where it runs the GPTQ kernels (Q4_K: its two-level runtime in place of the blocks), and bf16
+``F.linear``, every one checked against float64 of the
 decoded weight first. Weights rotate over copies exceeding 4x L2 (``gguf_linear.copies``); median of CUDA-graph
 replays. Prints a markdown table and the fastest raw-block variant per M.
 """
@@ -23,10 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from gguf_linear import affine_layers, copies, gpu_us, layer, random_blocks
-from qlinear.kernels.gguf_triton import AFFINE_RUNNABLE, GGUFTritonKernel
+from gguf_linear import copies, gpu_us, layer, random_blocks
+from qlinear.kernels.gguf_triton import GGUFTritonKernel
 from qlinear.kernels.triton.gguf_configs import CROSSOVERS
-from qlinear.layouts import gguf as G
 
 VARIANTS = ("gemv", "skinny", "gemm", "dense")
 #: above these M a variant is not timed (it is far behind by then; gemv launches one program per row)
@@ -40,8 +40,11 @@ def rel_err(y: torch.Tensor, want: torch.Tensor) -> float:
 
 def cell(qt: str, k: int, n: int, ms: tuple[int, ...]) -> tuple[list[str], bool]:
     raw = random_blocks(qt, n, k, "cuda")
-    lays = [layer(GGUFTritonKernel, qt, k, n, raw.clone(), torch.bfloat16) for _ in range(copies(raw.numel()))]
-    aff = affine_layers(qt, k, n, raw) if G.ggml_type(qt) in AFFINE_RUNNABLE else []
+    lays = [layer(GGUFTritonKernel, qt, k, n, raw.clone(), torch.bfloat16, affine_runtime=False)
+            for _ in range(copies(raw.numel()))]
+    # the default layer: Q4_K's two-level runtime in place of its blocks, other types their blocks
+    aff = [layer(GGUFTritonKernel, qt, k, n, raw.clone(), torch.bfloat16) for _ in range(copies(raw.numel()))]
+    aff = aff if aff[0].affine_packed() is not None else []
     dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies(2 * n * k))]
     w64 = lays[0].dequantize(torch.float32).double()
     rows, ok = [], True
@@ -91,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"command: python benchmarks/gguf_crossover.py {' '.join(sys.argv[1:] if argv is None else argv)}\n"
           f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; CROSSOVERS now {CROSSOVERS}\n")
     print("| K x N | type | M | bf16 us | gemv | skinny | gemm | dense | AUTO (vs bf16) | fastest block variant "
-          "| affine_runtime us (vs bf16) |\n" + "| --- " * 11 + "|", flush=True)
+          "| default layer (Q4_K runtime) us (vs bf16) |\n" + "| --- " * 11 + "|", flush=True)
     ok, t0 = True, time.time()
     for k, n in shapes:
         for qt in a.qtypes.split(","):

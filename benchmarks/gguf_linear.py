@@ -49,8 +49,10 @@ def random_blocks(qtype: str, n: int, k: int, device: str = "cpu", seed: int = 0
     return raw
 
 
-def layer(cls: type, qtype: str, k: int, n: int, raw: torch.Tensor, dtype: torch.dtype) -> torch.nn.Module:
-    lay = cls(G.scheme_for(qtype, k, n), dtype=dtype).to(raw.device)
+def layer(cls: type, qtype: str, k: int, n: int, raw: torch.Tensor, dtype: torch.dtype,
+          **options: object) -> torch.nn.Module:
+    """A prepared layer of ``cls`` on ``raw``'s device (``options``: constructor keywords, as ``affine_runtime``)."""
+    lay = cls(G.scheme_for(qtype, k, n), dtype=dtype, **options).to(raw.device)
     lay.load_blocks(raw, share=True)
     lay.prepare()
     return lay
@@ -187,7 +189,8 @@ def gpu_table(shapes: tuple, qtypes: tuple, ms: tuple) -> str:
         dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies(2 * n * k))]
         for qt in qtypes:
             raw = random_blocks(qt, n, k, "cuda")
-            lays = [layer(GGUFTritonKernel, qt, k, n, raw.clone(), torch.bfloat16) for _ in range(copies(raw.numel()))]
+            lays = [layer(GGUFTritonKernel, qt, k, n, raw.clone(), torch.bfloat16, affine_runtime=False)
+                    for _ in range(copies(raw.numel()))]
             ref = layer(GGUFTorchLinear, qt, k, n, raw, torch.bfloat16)
             aff = affine_layers(qt, k, n, raw) if G.ggml_type(qt) in AFFINE_RUNNABLE else []
             for m in ms:
@@ -216,7 +219,8 @@ def sweep(k: int = 4096, n: int = 14336, qtypes: tuple[str, ...] = ("Q4_K", "Q4_
     out = []
     for qt in qtypes:
         raw = random_blocks(qt, n, k, "cuda")
-        lays = [layer(GGUFTritonKernel, qt, k, n, raw.clone(), torch.bfloat16) for _ in range(copies(raw.numel()))]
+        lays = [layer(GGUFTritonKernel, qt, k, n, raw.clone(), torch.bfloat16, affine_runtime=False)
+                for _ in range(copies(raw.numel()))]
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         auto = lays[0].config(1, x.device)
         rows = []
@@ -257,7 +261,7 @@ def check(device: str = "cuda") -> tuple[str, bool]:
         exact = bool(torch.equal(got.view(torch.int32), w.view(torch.int32)))
         cells = [f"{'yes' if exact else 'NO'}"]
         ok &= exact
-        lay = layer(GGUFTritonKernel, qt.name, k, n, raw.to(device), torch.float16)
+        lay = layer(GGUFTritonKernel, qt.name, k, n, raw.to(device), torch.float16, affine_runtime=False)
         for i, (cfg, m) in enumerate(cfgs.values()):
             dtype = (torch.bfloat16, torch.float16)[i % 2]
             x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)

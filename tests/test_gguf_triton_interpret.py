@@ -56,10 +56,11 @@ def oracle(raw: np.ndarray, qtype: G.GGMLType, k: int) -> np.ndarray:
 
 @functools.cache
 def layer(qtype: G.GGMLType, n: int, k: int) -> tuple[GGUFTritonKernel, np.ndarray, np.ndarray]:
-    """A layer with ggml-encoded random weights and a bias, its float64 oracle weight and bias."""
+    """A layer with ggml-encoded random weights and a bias, its float64 oracle weight and bias (on its blocks:
+    ``affine_runtime=False``, so Q4_K runs the block kernels at every K)."""
     rng = np.random.default_rng(qtype.value * 31 + n)
     w = rng.standard_normal((n, k)).astype(np.float32) * 0.05
-    lay = GGUFTritonKernel(G.scheme_for(qtype, k, n), bias=True, dtype=torch.float16)
+    lay = GGUFTritonKernel(G.scheme_for(qtype, k, n), bias=True, dtype=torch.float16, affine_runtime=False)
     lay.load_blocks(G.quantize(w, qtype), torch.from_numpy(rng.standard_normal(n).astype(np.float32)))
     lay.prepare()
     raw = lay.qweight.numpy()
@@ -276,13 +277,90 @@ def test_affine_runtime_reaches_layers_loaded_from_files(tmp_path, monkeypatch) 
     assert type(on_cpu).__name__ == "GGUFTorchLinear"  # the CPU kernels have no such runtime
     sel = importlib.import_module("qlinear.select")  # the package exports a function of the same name
     monkeypatch.setattr(sel, "select", lambda *a, **k: type("C", (), {"kernel": GGUFTritonKernel})())
-    for flag in (False, True):
+    raw = np.asarray(gguf.GGUFReader(str(tmp_path / "m.gguf")).tensors[0].data)
+    for flag in (False, None, True):  # None (the default) and True: Q4_K's runtime in place of its blocks
         lay = load_checkpoint(tmp_path / "m.gguf", dtype=torch.float16, affine_runtime=flag)["blk.0.attn_v"]
-        assert isinstance(lay, GGUFTritonKernel) and (lay.affine_packed() is not None) is flag
+        assert isinstance(lay, GGUFTritonKernel) and (lay.affine_packed() is not None) is (flag is not False)
+        assert lay.blocks_replaced is (flag is not False) and np.array_equal(lay.blocks().numpy(), raw)
         x = torch.randn(3, 256, generator=torch.Generator().manual_seed(1)).half()
-        ref = x.double().numpy() @ oracle(lay.qweight.numpy(), G.GGMLType.Q4_K, 256).astype(np.float64).T
+        ref = x.double().numpy() @ oracle(raw, G.GGMLType.Q4_K, 256).astype(np.float64).T
         assert np.linalg.norm(lay(x).double().numpy() - ref) / np.linalg.norm(ref) < TOL[torch.float16]
     monkeypatch.undo()
     (tmp_path / "dir").mkdir()
     with pytest.raises((ValueError, CheckpointError), match="affine_runtime applies to .gguf files"):
         load_checkpoint(tmp_path / "dir", affine_runtime=True)
+
+
+def q4_k_blocks(n: int, k: int, seed: int) -> torch.Tensor:
+    """Random Q4_K bytes (every bit of the 12-byte scale packing and the codes random) with finite float16 d, dmin."""
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (n, k // 256 * 144), dtype=torch.uint8, generator=g)
+    blocks = raw.view(n, -1, 144)
+    for at in (0, 2):
+        blocks[:, :, at:at + 2] = (torch.rand(n, k // 256, generator=g) * 0.01 + 1e-3).half().unsqueeze(-1).view(
+            torch.uint8)
+    return raw
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_q4_k_runtime_replaces_blocks_losslessly(dtype: torch.dtype) -> None:
+    """By default a Q4_K layer of whole super-blocks keeps only its two-level runtime: the blocks come back bit for
+    bit (state_dict, blocks(), a round trip through load_state_dict), every forward matches gguf-py's weight,
+    float32 inputs too (blocks re-encoded for the block kernels), and new blocks replace the old."""
+    n, k = 37, 512
+    raw = q4_k_blocks(n, k, 1)
+    w64 = oracle(raw.numpy(), G.GGMLType.Q4_K, k).astype(np.float64)
+    lay = GGUFTritonKernel(G.scheme_for("Q4_K", k, n), dtype=dtype)
+    lay.load_blocks(raw.clone())
+    lay.prepare()
+    assert lay.blocks_replaced and lay.qweight is None and lay.affine_packed().supers is not None
+    assert torch.equal(lay.state_dict()["qweight"], raw) and list(lay.state_dict()) == ["qweight"]
+    assert torch.equal(lay.blocks(), raw) and lay.qweight is None
+    assert np.array_equal(lay.dequantize().numpy(), w64.astype(np.float32))
+    for m, x_dtype in ((1, dtype), (5, dtype), (40, dtype), (3, torch.float32)):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(x_dtype)
+        ref = x.double().numpy() @ w64.T
+        err = np.linalg.norm(lay(x).double().numpy() - ref) / np.linalg.norm(ref)
+        assert err < TOL[x_dtype], (m, x_dtype, err)
+    twin = GGUFTritonKernel(G.scheme_for("Q4_K", k, n), dtype=dtype)
+    twin.load_blocks(q4_k_blocks(n, k, 2))
+    twin.prepare()
+    twin.load_state_dict(lay.state_dict())
+    assert not twin.blocks_replaced and torch.equal(twin.qweight, raw)
+    twin.ensure_prepared()
+    assert twin.blocks_replaced and torch.equal(twin.blocks(), raw)
+    other = q4_k_blocks(n, k, 3)
+    lay.load_blocks(other)
+    assert lay(torch.ones(1, k, dtype=dtype)).shape == (1, n) and torch.equal(lay.blocks(), other)
+
+
+def test_q4_k_keeps_its_blocks_where_the_runtime_would_not_replace_them() -> None:
+    """Blocks stay: ``affine_runtime=False``; a partial super-block (K = 600); float32 activations; a non-finite d
+    (a NaN's float16 payload need not survive the runtime's float32)."""
+    n = 21
+    cases = {"off": (512, torch.float16, False, False), "partial": (600, torch.float16, None, False),
+             "float32": (512, torch.float32, None, False), "nan": (512, torch.bfloat16, None, True)}
+    for name, (k, dtype, flag, nan) in cases.items():
+        raw = q4_k_blocks(n, -(-k // 256) * 256, 4)
+        if nan:
+            raw.view(n, -1, 144)[3, 0, 0:2] = torch.tensor([float("nan")], dtype=torch.float16).view(torch.uint8)
+        lay = GGUFTritonKernel(G.scheme_for("Q4_K", k, n), dtype=dtype, affine_runtime=flag)
+        lay.load_blocks(raw)
+        lay.prepare()
+        assert not lay.blocks_replaced and torch.equal(lay.qweight, raw), name
+        assert lay.affine_packed() is None, name
+
+
+def test_q4_k_replaced_blocks_shard_and_report_their_device() -> None:
+    """Code that reads a GGUF layer's bytes goes through ``blocks()``: a column-parallel shard of a replaced layer
+    holds its rows' blocks exactly."""
+    from qlinear.parallel.shard import shard
+
+    n, k = 32, 512
+    raw = q4_k_blocks(n, k, 5)
+    lay = GGUFTritonKernel(G.scheme_for("Q4_K", k, n), dtype=torch.float16)
+    lay.load_blocks(raw)
+    lay.prepare()
+    assert lay.blocks_replaced and lay.weight_device == torch.device("cpu")
+    part = shard(lay, 1, 2, "out", backend="gguf_torch")  # the interpreter runs on a CPU target
+    assert torch.equal(part.layer.qweight, raw[16:])

@@ -169,14 +169,16 @@ class GGUFFile:
         return {t.layer: t for t in self if t.name.endswith(".weight") and len(t.shape) == 2}
 
     def linear(self, layer: str, backend: str = "auto", device: str | torch.device = "cpu",
-               dtype: torch.dtype = torch.float16, share: bool = True, affine_runtime: bool = False,
+               dtype: torch.dtype = torch.float16, share: bool = True, affine_runtime: bool | None = None,
                rows: torch.Tensor | None = None) -> QuantLinear:
         """A prepared GGUF kernel for ``layer`` (selected like any layer; ``layer.choice.explain()`` says why).
         ``share``: on CPU the layer's ``qweight`` is the memory-mapped bytes themselves (no copy).
         ``rows``: the output rows in this order (each with its blocks; a copy, not the mapped bytes), as
         transformers orders q/k rows.
-        ``affine_runtime``: where the Triton GGUF kernel is chosen, also build its faster, larger runtime for
-        Q4_0/Q4_1/Q4_K (``GGUFTritonKernel``; docs/gguf.md); other kernels have no such runtime."""
+        ``affine_runtime`` (where the Triton GGUF kernel is chosen; other kernels have no such runtime; docs/gguf.md):
+        None, the default, runs Q4_K layers of whole 256-value super-blocks on their lossless two-level runtime in
+        place of the blocks (``GGUFTritonKernel.replaces_blocks``); True also builds the larger float32 affine
+        runtime of Q4_0/Q4_1 beside their blocks; False keeps every layer on its blocks."""
         from .caps import Problem
         from .kernels.gguf_triton import GGUFTritonKernel
         from .select import select
@@ -189,7 +191,8 @@ class GGUFFile:
         bias = self.tensors.get(f"{layer}.bias")
         target = Target.here(device)
         choice = select(Problem(w.scheme(), dtype), target, backend)
-        options = {"affine_runtime": True} if affine_runtime and issubclass(choice.kernel, GGUFTritonKernel) else {}
+        options = ({"affine_runtime": affine_runtime}
+                   if affine_runtime is not None and issubclass(choice.kernel, GGUFTritonKernel) else {})
         lay = choice.kernel(w.scheme(), bias=bias is not None, dtype=dtype, **options)
         raw = w.raw() if rows is None else torch.from_numpy(w.raw().copy())[rows].contiguous()
         b = None if bias is None else bias.dequantize()

@@ -67,7 +67,7 @@ def rope_rows(n_rows: int, n_head: int) -> torch.Tensor:
 
 
 def _from_gguf(file: Path, device: str | torch.device, dtype: torch.dtype, backend: str,
-               affine_runtime: bool) -> nn.Module:
+               affine_runtime: bool | None) -> nn.Module:
     from .gguf_file import read_gguf
 
     tf = _transformers()
@@ -79,7 +79,7 @@ def _from_gguf(file: Path, device: str | torch.device, dtype: torch.dtype, backe
 
 
 def serve_gguf(model: nn.Module, f: Any, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-               backend: BACKEND | str = "auto", affine_runtime: bool = False) -> nn.Module:
+               backend: BACKEND | str = "auto", affine_runtime: bool | None = None) -> nn.Module:
     """Swap, in place, each ``nn.Linear`` of a transformers llama model built from the GGUF file ``f`` (a path or
     a ``GGUFFile``) for a kernel serving that tensor's own blocks (q/k rows put back in transformers' order).
     ``affine_runtime``: see ``GGUFFile.linear``."""
@@ -193,14 +193,14 @@ def _finish(model: nn.Module, device: str | torch.device, dtype: torch.dtype) ->
 
 def from_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                     backend: BACKEND | str = "auto", gguf_file: str | None = None,
-                    affine_runtime: bool = False) -> nn.Module:
+                    affine_runtime: bool | None = None) -> nn.Module:
     """A transformers causal LM whose quantized linear layers are qlinear kernels (``served_layers(model)``).
 
     ``path``: a ``.gguf`` file, a directory plus ``gguf_file``, or a GPTQ / AWQ / compressed-tensors / FP8
     safetensors directory with a config.json. ``dtype`` is the activation dtype of every kernel and of the float
     modules.
-    ``affine_runtime`` (GGUF only): Q4_0/Q4_1/Q4_K layers on the Triton GGUF kernel also get its faster, larger
-    runtime (``GGUFFile.linear``).
+    ``affine_runtime`` (GGUF only): which layers of the Triton GGUF kernel run on the GPTQ kernels' affine runtime
+    (``GGUFFile.linear``; by default Q4_K's lossless form in place of its blocks).
     """
     path = Path(path)
     if gguf_file is not None:

@@ -20,7 +20,8 @@ FLOAT_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 
 
 def load_gguf_layers(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float16,
-                     backend: BACKEND | str = BACKEND.AUTO, affine_runtime: bool = False) -> dict[str, QuantLinear]:
+                     backend: BACKEND | str = BACKEND.AUTO,
+                     affine_runtime: bool | None = None) -> dict[str, QuantLinear]:
     """``{tensor name without ".weight": prepared layer}`` for every quantized 2-D weight of a GGUF file
     (``affine_runtime``: see ``GGUFFile.linear``)."""
     from ..gguf_file import read_gguf

@@ -75,7 +75,8 @@ def load_plan(plan: CheckpointPlan, device: str | torch.device = "cpu", dtype: t
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float16,
-                    backend: BACKEND | str = BACKEND.AUTO, affine_runtime: bool = False) -> dict[str, QuantLinear]:
+                    backend: BACKEND | str = BACKEND.AUTO,
+                    affine_runtime: bool | None = None) -> dict[str, QuantLinear]:
     """Every quantized module of a checkpoint, by its name in the checkpoint, as a prepared layer.
 
     ``path``: a Hugging Face style directory (config.json and/or quantize_config.json plus one
@@ -95,7 +96,8 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype:
 
 
 def load_gguf(path: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float16,
-              backend: BACKEND | str = BACKEND.AUTO, affine_runtime: bool = False) -> dict[str, QuantLinear]:
+              backend: BACKEND | str = BACKEND.AUTO,
+                    affine_runtime: bool | None = None) -> dict[str, QuantLinear]:
     """GGUF files through ``qlinear.gguf_file`` (needs the ``gguf`` package: ``pip install 'qlinear[gguf]'``)."""
     from .gguf import load_gguf_layers
 

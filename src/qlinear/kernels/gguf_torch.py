@@ -130,9 +130,13 @@ class GGUFQuantLinear(QuantLinear):
         raise NotImplementedError(f"{self.qtype.name} blocks have no integer-affine form; use dequantize()")
 
     # ---------------------------------------------------------------- decoding
+    def blocks(self) -> torch.Tensor:
+        """The GGML bytes ``uint8 [N, row_bytes]`` (a kernel that keeps another form rebuilds them here)."""
+        return self.qweight
+
     def decode_rows(self, n0: int, n1: int) -> torch.Tensor:
         """Float32 weight rows ``n0:n1`` (output channels), ``[n1 - n0, in_features]``."""
-        return gguf.dequantize(self.qweight[n0:n1], self.qtype, self.in_features)
+        return gguf.dequantize(self.blocks()[n0:n1], self.qtype, self.in_features)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.decode_rows(0, self.out_features).to(dtype)

@@ -202,7 +202,7 @@ def shard(layer: QuantLinear, rank: int, world_size: int, dim: str = "out",
     elif isinstance(layer, GGUFQuantLinear):
         info = layer.type_info
         b0, b1 = i0 // info.block_size * info.type_size, -(-i1 // info.block_size) * info.type_size
-        blocks = layer.qweight[o0:o1, b0:b1].contiguous()
+        blocks = layer.blocks()[o0:o1, b0:b1].contiguous()
         new = _build(layer, sch, backend, dim, local_bias, lambda m, b: m.load_blocks(blocks, b))
     elif isinstance(layer, FloatQuantLinear):
         w = layer.float_weight()

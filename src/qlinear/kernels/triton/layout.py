@@ -134,6 +134,27 @@ def pack_words(codes_kn: torch.Tensor, bits: int, rows: int) -> torch.Tensor:
     return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
 
 
+def unpack_words(words: torch.Tensor, bits: int, rows: int) -> torch.Tensor:
+    """``pack_words`` undone: field-blocked int32 words ``[KP / PF, NP]`` -> sorted codes uint8 ``[KP, NP]``."""
+    pf = 32 // bits
+    kw, n = words.shape
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    c = torch.stack([(w >> (bits * j)) & ((1 << bits) - 1) for j in range(pf)], dim=1)  # [KW, PF, NP]
+    return c.reshape(kw // rows, rows, pf, n).transpose(1, 2).reshape(kw * pf, n).to(torch.uint8)
+
+
+def kquant_fields(p: Packed) -> tuple[torch.Tensor, ...]:
+    """``build_kquant`` undone: ``(codes uint8 [N, K], sc, mins uint8 [N, K / 32], d, dmin float32 [N, K / 256])``,
+    exactly the values it was built from."""
+    if p.supers is None or p.offsets is None or p.perm is not None or p.bits != 4:
+        raise ValueError("kquant_fields: expected a layout from build_kquant (4-bit, plain K order, uint8 "
+                         "sub-scales and mins, float32 super-scales)")
+    g, g8 = -(-p.k // 32), -(-p.k // (32 * SUPER_GROUPS))
+    codes = unpack_words(p.qweight, p.bits, p.rows_per_block)[:p.k, :p.n].t()
+    sup = p.supers.reshape(-1, 2, p.np)[:g8, :, :p.n]
+    return (codes, p.scales[:g, :p.n].t(), p.offsets[:g, :p.n].t(), sup[:, 0].t(), -sup[:, 1].t())
+
+
 def build(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx: torch.Tensor, bits: int,
           scale_dtype: torch.dtype = torch.float16) -> Packed:
     """The runtime layout of a canonical weight (codes ``[N, K]``, scales/zeros ``[N, G]``, g_idx ``[K]``)."""

@@ -87,6 +87,29 @@ def kquant_parts(qweight: torch.Tensor, qtype: str, k: int) -> tuple[torch.Tenso
     return q, sc.reshape(n, nb * 8), mn.reshape(n, nb * 8), d.reshape(n, nb), dmin.reshape(n, nb)
 
 
+def kquant_blocks(codes: torch.Tensor, sc: torch.Tensor, mins: torch.Tensor, d: torch.Tensor,
+                  dmin: torch.Tensor) -> torch.Tensor:
+    """``kquant_parts`` undone: Q4_K rows ``uint8 [N, nb * 144]`` from codes ``[N, nb * 256]``, 6-bit ``sc`` and
+    ``mins`` ``[N, nb * 8]`` and ``d``, ``dmin`` ``[N, nb]`` (float16 values, in any float dtype): the bytes
+    ``kquant_parts`` read, bit for bit (formats.md 2.14: ``d, dmin, scales[12], qs[128]``)."""
+    n, kp = codes.shape
+    nb = kp // 256
+    if kp % 256 or tuple(sc.shape) != (n, nb * 8) or tuple(mins.shape) != (n, nb * 8) or \
+            tuple(d.shape) != (n, nb) or tuple(dmin.shape) != (n, nb):
+        raise ValueError(f"kquant_blocks: expected codes [N, 256 nb], sc/mins [N, 8 nb], d/dmin [N, nb], got "
+                         f"{list(codes.shape)}, {list(sc.shape)}, {list(mins.shape)}, {list(d.shape)}, "
+                         f"{list(dmin.shape)}")
+    s, m = sc.reshape(n * nb, 8).to(torch.uint8), mins.reshape(n * nb, 8).to(torch.uint8)
+    packed = torch.cat((s[:, :4] | ((s[:, 4:] >> 4) << 6), m[:, :4] | ((m[:, 4:] >> 4) << 6),
+                        (s[:, 4:] & 0x0F) | ((m[:, 4:] & 0x0F) << 4)), dim=1)
+    def halves(v: torch.Tensor) -> torch.Tensor:  # a float16 field's two little-endian bytes
+        return v.to(torch.float16).reshape(-1).contiguous().view(torch.uint8).reshape(n * nb, 2)
+
+    q = codes.to(torch.uint8).reshape(n * nb, 4, 2, 32)
+    qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n * nb, 128)
+    return torch.cat((halves(d), halves(dmin), packed, qs), dim=1).reshape(n, nb * 144)
+
+
 def affine32(qweight: torch.Tensor, qtype: str, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``uint8 [N, row_bytes]`` GGML rows -> ``codes uint8 [N, Kp]``, ``scale [N, Kp/32]``, ``offset [N, Kp/32]``.
 
