@@ -221,6 +221,7 @@ VARIANTS: dict[str, tuple[str, Factory | None]] = {
     "gptq4": ("GPTQ 4-bit g128 (AUTO)", affine(4, "auto")),
     "int8": ("GPTQ 8-bit g128 (AUTO)", affine(8, "auto")),
     "q4_k": ("GGUF Q4_K (AUTO)", gguf("Q4_K")),
+    "q8_0": ("GGUF Q8_0 (AUTO)", gguf("Q8_0")),
     "marlin": ("GPTQ 4-bit g128 on vLLM Marlin", affine(4, "gptq_marlin")),
 }
 
