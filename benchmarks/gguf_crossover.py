@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -29,8 +30,10 @@ from qlinear.kernels.gguf_triton import GGUFTritonKernel
 from qlinear.kernels.triton.gguf_configs import CROSSOVERS
 
 VARIANTS = ("gemv", "skinny", "gemm", "dense")
+#: the GPTQ variants that take additive offsets: what Q4_K's default runtime runs (``gguf_triton.NO_OFFSETS``)
+RUNTIME_VARIANTS = ("gemv_tc", "gemv", "skinny2", "gemm2", "dense")
 #: above these M a variant is not timed (it is far behind by then; gemv launches one program per row)
-LIMITS = {"gemv": 16, "skinny": 128, "gemm": 4096, "dense": 1 << 20}
+LIMITS = {"gemv": 16, "gemv_tc": 16, "skinny": 128, "skinny2": 128, "gemm": 4096, "gemm2": 4096, "dense": 1 << 20}
 TOL = 1e-2  # bf16 activations and outputs
 
 
@@ -38,46 +41,50 @@ def rel_err(y: torch.Tensor, want: torch.Tensor) -> float:
     return float((y.double() - want).norm() / want.norm())
 
 
-def cell(qt: str, k: int, n: int, ms: tuple[int, ...]) -> tuple[list[str], bool]:
+def timed(fn_of: Callable[[torch.nn.Module], object], lays: list, want: torch.Tensor, what: str) -> float:
+    """Median us of ``fn_of`` over the copies, after its output on the first is checked (NaN: it failed)."""
+    err = rel_err(fn_of(lays[0]), want)  # type: ignore[arg-type]
+    if err > TOL:
+        print(f"FAIL {what}: relative error {err:.2e}", flush=True)
+        return float("nan")
+    return gpu_us([lambda lay=lay: fn_of(lay) for lay in lays])
+
+
+def cols(times: dict[str, float], names: tuple[str, ...]) -> str:
+    return " | ".join(f"{times[v]:.1f}" if v in times else "-" for v in names)
+
+
+def fastest(times: dict[str, float], t_bf16: float) -> str:
+    good = [(t, v) for v, t in times.items() if t == t]
+    return f"{min(good)[1]} ({t_bf16 / min(good)[0]:.2f}x)" if good else "-"
+
+
+def cell(qt: str, k: int, n: int, ms: tuple[int, ...]) -> bool:
     raw = random_blocks(qt, n, k, "cuda")
     lays = [layer(GGUFTritonKernel, qt, k, n, raw.clone(), torch.bfloat16, affine_runtime=False)
             for _ in range(copies(raw.numel()))]
     # the default layer: Q4_K's two-level runtime in place of its blocks, other types their blocks
-    aff = [layer(GGUFTritonKernel, qt, k, n, raw.clone(), torch.bfloat16) for _ in range(copies(raw.numel()))]
-    aff = aff if aff[0].affine_packed() is not None else []
+    rt = [layer(GGUFTritonKernel, qt, k, n, raw.clone(), torch.bfloat16) for _ in range(copies(raw.numel()))]
+    rt = rt if rt[0].affine_packed() is not None else []
     dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies(2 * n * k))]
     w64 = lays[0].dequantize(torch.float32).double()
-    rows, ok = [], True
+    ok = True
     for m in ms:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         want = x.double() @ w64.t()
         t_bf16 = gpu_us([lambda w=w: torch.nn.functional.linear(x, w) for w in dense])  # noqa: B023
-        times: dict[str, float] = {}
-        for v in VARIANTS:
-            if m > LIMITS[v]:
-                continue
-            err = rel_err(lays[0].matmul(x, variant=v), want)
-            if err > TOL:
-                ok = False
-                times[v] = float("nan")
-                print(f"FAIL {qt} {k}x{n} M={m} {v}: relative error {err:.2e}", flush=True)
-                continue
-            times[v] = gpu_us([lambda lay=lay: lay.matmul(x, variant=v) for lay in lays])  # noqa: B023
+        blk = {v: timed(lambda lay, v=v: lay.matmul(x, variant=v), lays, want, f"{qt} {k}x{n} M={m} {v}")  # noqa: B023
+               for v in VARIANTS if m <= LIMITS[v]}
+        run = {v: timed(lambda lay, v=v: lay.matmul(x, variant=v), rt, want, f"{qt} {k}x{n} M={m} runtime {v}")  # noqa: B023
+               for v in RUNTIME_VARIANTS if rt and m <= LIMITS[v]}
+        t_def = timed(lambda lay: lay(x), rt or lays, want, f"{qt} {k}x{n} M={m} default layer")  # noqa: B023
+        ok &= all(t == t for t in (*blk.values(), *run.values(), t_def))
         auto = lays[0].config(m, x.device).variant
-        a_cell = "-"
-        if aff:
-            err = rel_err(aff[0](x), want)
-            ok &= err <= TOL
-            t_a = gpu_us([lambda lay=lay: lay(x) for lay in aff])  # noqa: B023
-            a_cell = f"{t_a:.1f} ({t_bf16 / t_a:.2f}x){'' if err <= TOL else ' FAIL'}"
-        best = min((t, v) for v, t in times.items() if t == t)
-        cols = " | ".join(f"{times[v]:.1f}" if v in times else "-" for v in VARIANTS)
-        t_auto = times.get(auto, best[0])
-        rows.append(f"| {k}x{n} | {qt} | {m} | {t_bf16:.1f} | {cols} | {auto} ({t_bf16 / t_auto:.2f}x)"
-                    f" | {best[1]} ({t_bf16 / best[0]:.2f}x) | {a_cell} |")
-        print(rows[-1], flush=True)
-    del lays, aff, dense
-    return rows, ok
+        print(f"| {k}x{n} | {qt} | {m} | {t_bf16:.1f} | {cols(blk, VARIANTS)} | {auto} | {fastest(blk, t_bf16)} | "
+              f"{cols(run, RUNTIME_VARIANTS)} | {fastest(run, t_bf16)} | {t_def:.1f} ({t_bf16 / t_def:.2f}x) |",
+              flush=True)
+    del lays, rt, dense
+    return ok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,13 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     ms = tuple(int(v) for v in a.ms.split(","))
     print(f"command: python benchmarks/gguf_crossover.py {' '.join(sys.argv[1:] if argv is None else argv)}\n"
           f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; CROSSOVERS now {CROSSOVERS}\n")
-    print("| K x N | type | M | bf16 us | gemv | skinny | gemm | dense | AUTO (vs bf16) | fastest block variant "
-          "| default layer (Q4_K runtime) us (vs bf16) |\n" + "| --- " * 11 + "|", flush=True)
+    print("| K x N | type | M | bf16 us | blocks: gemv | skinny | gemm | dense | blocks AUTO | fastest on blocks | "
+          "runtime: gemv_tc | gemv | skinny2 | gemm2 | dense | fastest on the runtime | default layer us (vs bf16) |\n"
+          + "| --- " * 17 + "|", flush=True)
     ok, t0 = True, time.time()
     for k, n in shapes:
         for qt in a.qtypes.split(","):
-            _, good = cell(qt, k, n, ms)
-            ok &= good
+            ok &= cell(qt, k, n, ms)
     verdict = "all outputs within" if ok else "FAILURES above; tolerance"
     print(f"\n{verdict} {TOL} of float64 ({time.time() - t0:.0f} s)")
     return 0 if ok else 1

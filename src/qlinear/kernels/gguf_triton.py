@@ -2,7 +2,7 @@
 
 The kernels read ``qweight`` (uint8 ``[N, nb * T]``, the file's own bytes) as int16 halfwords and decode
 the blocks inside the matmul (``triton/gguf.py``), so the layer's resident memory is the checkpoint
-itself: nothing is derived in ``prepare()`` but a small split-K counter buffer. Each forward picks a
+itself (Q4_K aside, below): nothing is derived in ``prepare()`` but a small split-K counter buffer. Each forward picks a
 variant from M (``triton/gguf_configs.py``): split-K GEMV on CUDA cores (M <= 2), split-K ``tl.dot``
 with a 16-row activation tile (M <= 16), tiled ``tl.dot`` (M <= 128), or a transient dense weight in the
 activation dtype and torch's matmul (cuBLAS) above. Float32 activations are multiplied in float32.
@@ -11,11 +11,12 @@ Types run: Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q8_0, Q1_0, Q1_0_G128. The 
 bits 1/4/5/6; qlinear adds 8 (``planned/gguf.TRITON_EXTRA_BITS``) so that Q8_0 layers on CUDA run these bodies
 rather than GGUFTorchLinear's whole-weight decode in every forward.
 
-``affine_runtime=True`` trades memory for speed on Q4_0, Q4_1 and Q4_K with float16/bfloat16
-activations: ``prepare()`` also builds the GPTQ kernels' runtime layout from the blocks' exact
-``scale * code + offset`` form (``layouts/gguf/affine32``; float32 scales and offsets per 32 values, about
-6 bits per weight next to the blocks' 4.5), and the forward runs the GPTQ variants (gemv, skinny2, gemm2,
-dense) with an additive offset per group. The blocks stay the checkpoint.
+Q4_K (half-precision layers of whole super-blocks) runs by default on the GPTQ kernels instead: ``prepare()``
+re-lays the blocks' own fields (``layout.build_kquant``, 4.75 bits a weight) and drops the blocks, which
+``blocks()`` re-encodes bit for bit for saving, sharding and float32 inputs (``replaces_blocks``).
+``affine_runtime=True`` also builds the float32 ``scale * code + offset`` form of Q4_0 and Q4_1 (about 6 bits a
+weight) beside their blocks; ``affine_runtime=False`` keeps every layer on its blocks. The forward then runs the GPTQ
+variants with an additive offset per group (gemv_tc, gemv, skinny2, gemm2, dense).
 """
 
 from __future__ import annotations
