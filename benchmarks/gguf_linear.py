@@ -181,7 +181,7 @@ def affine_layers(qt: str, k: int, n: int, raw: torch.Tensor) -> list[torch.nn.M
 
 
 def gpu_table(shapes: tuple, qtypes: tuple, ms: tuple) -> str:
-    from qlinear.kernels.gguf_triton import AFFINE_RUNNABLE
+    from qlinear.kernels.gguf_runtime import AFFINE
 
     rows = ["| shape | qtype | M | bf16 cuBLAS us | Triton us | variant | affine us (rel err) | GGUFTorchLinear us "
             "| Triton vs cuBLAS | affine vs cuBLAS | vs GGUFTorch | Triton GB/s |", "| --- " * 12 + "|"]
@@ -192,7 +192,7 @@ def gpu_table(shapes: tuple, qtypes: tuple, ms: tuple) -> str:
             lays = [layer(GGUFTritonKernel, qt, k, n, raw.clone(), torch.bfloat16, affine_runtime=False)
                     for _ in range(copies(raw.numel()))]
             ref = layer(GGUFTorchLinear, qt, k, n, raw, torch.bfloat16)
-            aff = affine_layers(qt, k, n, raw) if G.ggml_type(qt) in AFFINE_RUNNABLE else []
+            aff = affine_layers(qt, k, n, raw) if G.ggml_type(qt) in AFFINE else []
             for m in ms:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 t_d = gpu_us([lambda w=w: torch.nn.functional.linear(x, w) for w in dense])  # noqa: B023

@@ -152,6 +152,11 @@ def test_selection_reasons() -> None:
     for qt in ("Q4_K", "Q4_0", "Q6_K", "Q5_1", "Q1_0_G128", "Q8_0"):  # Q8_0: widened beyond the reference's 1/4/5/6
         p = Problem(G.scheme_for(qt, 4096, 4096), torch.float16)
         assert GGUFTritonKernel.reasons(p, cuda) == [], qt
+    runs = {(qt, k, dt): GGUFTritonKernel.describe_runs(Problem(G.scheme_for(qt, k, 4096), dt), cuda)
+            for qt, k, dt in (("Q4_K", 4096, torch.bfloat16), ("Q4_K", 4000, torch.bfloat16),
+                              ("Q4_K", 4096, torch.float32), ("Q8_0", 4096, torch.float16),
+                              ("Q6_K", 4096, torch.float16))}
+    assert [" re-laid at load" in v for v in runs.values()] == [True, False, False, True, False]
     q2 = GGUFTritonKernel.reasons(Problem(G.scheme_for("Q2_K", 4096, 4096), torch.float16), cuda)
     assert any("qtype Q2_K not run by this kernel" in r for r in q2)
     cpu = GGUFTritonKernel.reasons(Problem(G.scheme_for("Q4_K", 4096, 4096)), Target.fake_cpu())
@@ -291,29 +296,39 @@ def test_affine_runtime_reaches_layers_loaded_from_files(tmp_path, monkeypatch) 
         load_checkpoint(tmp_path / "dir", affine_runtime=True)
 
 
-def q4_k_blocks(n: int, k: int, seed: int) -> torch.Tensor:
-    """Random Q4_K bytes (every bit of the 12-byte scale packing and the codes random) with finite float16 d, dmin."""
+#: the float16 scale fields of a block (byte offsets) and the values a block holds
+SCALES = {"Q4_K": ((0, 2), 256, 144), "Q8_0": ((0,), 32, 34)}
+
+
+def random_rows(qtype: str, n: int, k: int, seed: int) -> torch.Tensor:
+    """Random GGML bytes (every code and sub-scale bit random) with finite float16 scales."""
+    at, block, size = SCALES[qtype]
     g = torch.Generator().manual_seed(seed)
-    raw = torch.randint(0, 256, (n, k // 256 * 144), dtype=torch.uint8, generator=g)
-    blocks = raw.view(n, -1, 144)
-    for at in (0, 2):
-        blocks[:, :, at:at + 2] = (torch.rand(n, k // 256, generator=g) * 0.01 + 1e-3).half().unsqueeze(-1).view(
-            torch.uint8)
+    raw = torch.randint(0, 256, (n, -(-k // block) * size), dtype=torch.uint8, generator=g)
+    blocks = raw.view(n, -1, size)
+    for a in at:
+        d = (torch.rand(n, blocks.shape[1], generator=g) * 0.01 + 1e-3).half()
+        blocks[:, :, a:a + 2] = d.unsqueeze(-1).view(torch.uint8)
     return raw
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_q4_k_runtime_replaces_blocks_losslessly(dtype: torch.dtype) -> None:
-    """By default a Q4_K layer of whole super-blocks keeps only its two-level runtime: the blocks come back bit for
-    bit (state_dict, blocks(), a round trip through load_state_dict), every forward matches gguf-py's weight,
-    float32 inputs too (blocks re-encoded for the block kernels), and new blocks replace the old."""
-    n, k = 37, 512
-    raw = q4_k_blocks(n, k, 1)
-    w64 = oracle(raw.numpy(), G.GGMLType.Q4_K, k).astype(np.float64)
-    lay = GGUFTritonKernel(G.scheme_for("Q4_K", k, n), dtype=dtype)
+def q4_k_blocks(n: int, k: int, seed: int) -> torch.Tensor:
+    return random_rows("Q4_K", n, k, seed)
+
+
+@pytest.mark.parametrize(("qtype", "k", "dtype"), [("Q4_K", 512, torch.float16), ("Q4_K", 512, torch.bfloat16),
+                                                   ("Q8_0", 640, torch.bfloat16), ("Q8_0", 640, torch.float16)])
+def test_runtime_replaces_blocks_losslessly(qtype: str, k: int, dtype: torch.dtype) -> None:
+    """By default a Q4_K or Q8_0 layer of whole blocks keeps only its runtime form: the blocks come back bit for bit
+    (state_dict, blocks(), a round trip through load_state_dict), every forward matches gguf-py's weight, float32
+    inputs too (blocks re-encoded for the block kernels), and new blocks replace the old."""
+    n = 37
+    raw = random_rows(qtype, n, k, 1)
+    w64 = oracle(raw.numpy(), G.ggml_type(qtype), k).astype(np.float64)
+    lay = GGUFTritonKernel(G.scheme_for(qtype, k, n), dtype=dtype)
     lay.load_blocks(raw.clone())
     lay.prepare()
-    assert lay.blocks_replaced and lay.qweight is None and lay.affine_packed().supers is not None
+    assert lay.blocks_replaced and lay.qweight is None and lay.affine_packed() is not None
     assert torch.equal(lay.state_dict()["qweight"], raw) and list(lay.state_dict()) == ["qweight"]
     assert torch.equal(lay.blocks(), raw) and lay.qweight is None
     assert np.array_equal(lay.dequantize().numpy(), w64.astype(np.float32))
@@ -322,16 +337,26 @@ def test_q4_k_runtime_replaces_blocks_losslessly(dtype: torch.dtype) -> None:
         ref = x.double().numpy() @ w64.T
         err = np.linalg.norm(lay(x).double().numpy() - ref) / np.linalg.norm(ref)
         assert err < TOL[x_dtype], (m, x_dtype, err)
-    twin = GGUFTritonKernel(G.scheme_for("Q4_K", k, n), dtype=dtype)
-    twin.load_blocks(q4_k_blocks(n, k, 2))
+    twin = GGUFTritonKernel(G.scheme_for(qtype, k, n), dtype=dtype)
+    twin.load_blocks(random_rows(qtype, n, k, 2))
     twin.prepare()
     twin.load_state_dict(lay.state_dict())
     assert not twin.blocks_replaced and torch.equal(twin.qweight, raw)
     twin.ensure_prepared()
     assert twin.blocks_replaced and torch.equal(twin.blocks(), raw)
-    other = q4_k_blocks(n, k, 3)
+    other = random_rows(qtype, n, k, 3)
     lay.load_blocks(other)
     assert lay(torch.ones(1, k, dtype=dtype)).shape == (1, n) and torch.equal(lay.blocks(), other)
+
+
+def test_q8_0_runtime_is_gptq_8bit_g32() -> None:
+    """Q8_0's form: 8-bit words, the constant zero 128, the float16 d per 32 as the scale (8.5 bits a weight, as
+    the blocks): the GPTQ variants without offsets run it."""
+    lay = GGUFTritonKernel(G.scheme_for("Q8_0", 640, 37), dtype=torch.float16)
+    lay.load_blocks(random_rows("Q8_0", 37, 640, 4))
+    lay.prepare()
+    p = lay.affine_packed()
+    assert (p.bits, p.zero_const, p.group, p.offsets, p.scales.dtype) == (8, 128, 32, None, torch.float16)
 
 
 def test_q4_k_keeps_its_blocks_where_the_runtime_would_not_replace_them() -> None:

@@ -26,24 +26,21 @@ from typing import Any
 
 import torch
 
+from ..caps import Problem
 from ..layouts import gguf
 from ..spec import Scheme
 from ..target import Target
+from .gguf_runtime import lossless_runtime, to_blocks, to_runtime
 from .gguf_torch import GGUFQuantLinear
 from .planned.gguf import GGUFTritonKernel as _Declared
 from .triton.runtime import interpreting
-from .triton_gptq import device_facts, tc_unfit, triton_version_reasons
+from .triton_gptq import device_facts, fitted_config, triton_version_reasons
 
 T = gguf.GGMLType
 #: every type the Triton bodies decode (``triton.gguf.GEOMS``)
 RUNNABLE = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.Q1_0, T.Q1_0_G128})
 #: largest dense weight chunk (elements) the ``dense`` variant materialises within one forward
 MAX_DENSE = 1 << 26
-#: 4-bit types whose blocks are ``scale * code + offset`` over runs of 32: ``affine_runtime`` runs them on the
-#: GPTQ kernels
-AFFINE_RUNNABLE = frozenset({T.Q4_0, T.Q4_1, T.Q4_K})
-#: types whose runtime form keeps every field of the blocks, so it may replace them (``replaces_blocks``)
-LOSSLESS = frozenset({T.Q4_K})
 #: GPTQ variants without an additive per-group offset (the affine runtime needs one)
 NO_OFFSETS = ("skinny", "skinny3", "gemm", "gemm5", "gemm4", "gemm3")
 AFFINE_BUFFERS = ("_af_qweight", "_af_scales", "_af_offsets", "_af_supers", "_af_perm")
@@ -63,6 +60,24 @@ class GGUFTritonKernel(GGUFQuantLinear):
     def runtime_target_reasons(cls, target: Target) -> list[str]:
         return triton_version_reasons(target)
 
+    @classmethod
+    def describe_runs(cls, problem: Problem, target: Target) -> str:
+        from .triton.gguf_configs import CROSSOVERS
+
+        s = problem.scheme
+        blocks = (f"the GGML blocks in place: split-K GEMV on CUDA cores (M <= {CROSSOVERS['gemv']}), tl.dot with "
+                  f"16-row tiles (M <= {CROSSOVERS['skinny']}), tiled tl.dot (M <= {CROSSOVERS['gemm']}), then a "
+                  "transient weight decoded by Triton and cuBLAS")
+        qt = gguf.ggml_type(s.qtype) if s.qtype is not None else None
+        if qt is None or not lossless_runtime(qt, s.in_features, problem.dtype):
+            return blocks
+        form = ("its own fields: 4.75 bits a weight; gemv_tc / gemv, skinny2, gemm2, then dequantize + cuBLAS, each "
+                "with an additive offset per 32" if qt is T.Q4_K else
+                "GPTQ 8-bit g32 with zero 128 and d as the float16 scale: 8.5 bits a weight, as the blocks; the "
+                "GPTQ variants by M")
+        return (f"{qt.name} re-laid at load for the GPTQ Triton kernels ({form}; lossless: the blocks are dropped and "
+                f"re-encoded bit for bit on save); float32 inputs: {blocks} (affine_runtime=False keeps the blocks)")
+
     def __init__(self, scheme: Scheme, bias: bool = False, dtype: torch.dtype = torch.float16,
                  qtype: str | int | gguf.GGMLType | None = None, affine_runtime: bool | None = None) -> None:
         super().__init__(scheme, bias=bias, dtype=dtype, qtype=qtype)
@@ -75,18 +90,12 @@ class GGUFTritonKernel(GGUFQuantLinear):
         """Does ``prepare()`` swap the blocks for Q4_K's two-level runtime? Unless ``affine_runtime=False``: for Q4_K
         layers of whole super-blocks and half-precision activations. That form holds the blocks' own fields (4.75 bits a
         weight against 4.5), so nothing is lost, and the GPTQ kernels run it 1.4-8x faster than the block kernels."""
-        return (self.affine_runtime is not False and self.qtype in LOSSLESS and self.in_features % 256 == 0
-                and self.dtype in (torch.float16, torch.bfloat16))
+        return self.affine_runtime is not False and lossless_runtime(self.qtype, self.in_features, self.dtype)
 
     def blocks(self) -> torch.Tensor:
         """The GGML bytes: the buffer, or, when the two-level runtime replaced it, the blocks re-encoded from it
         (bit for bit: the runtime keeps every field's value; a transient tensor)."""
-        if not self.blocks_replaced:
-            return self.qweight
-        from ..layouts.gguf.affine32 import kquant_blocks
-        from .triton.layout import kquant_fields
-
-        return kquant_blocks(*kquant_fields(self.affine_packed()))
+        return to_blocks(self.affine_packed(), self.qtype) if self.blocks_replaced else self.qweight
 
     def _restore_blocks_buffer(self) -> None:
         """Before new blocks or a state dict arrive in a layer whose blocks were replaced: an empty buffer again."""
@@ -138,29 +147,20 @@ class GGUFTritonKernel(GGUFQuantLinear):
             self.register_buffer(name, None, persistent=False)
 
     def prepare(self) -> None:
-        """The split-K counters (int32 zeros, enough for 64 activation tiles of 16-row output tiles), and with
-        ``affine_runtime`` the GPTQ kernels' layout of the blocks' affine form."""
+        """The split-K counters (int32 zeros, enough for 64 activation tiles of 16-row output tiles), and the GPTQ
+        kernels' layout of the blocks where it replaces them (``replaces_blocks``) or ``affine_runtime`` asks."""
         if self.blocks_replaced:
             return
         n = self.out_features
         self._rt_lock = torch.zeros(64 * -(-n // 16), dtype=torch.int32, device=self.qweight.device)
         self._af_meta = None
         replace_blocks = self.replaces_blocks()
-        if (self.affine_runtime or replace_blocks) and self.qtype in AFFINE_RUNNABLE:
-            from ..layouts.gguf.affine32 import affine32, kquant_parts
-            from .triton.layout import build_affine32, build_kquant
-
-            k, g = self.in_features, -(-self.in_features // 32)
-            if self.qtype == T.Q4_K:  # uint8 sub-scales and mins per 32, float32 d and -dmin per 256
-                codes, sc, mins, d, dmin = kquant_parts(self.qweight, "Q4_K", k)
-                # a NaN's float16 payload need not survive float32 and back: such blocks stay as they are
-                replace_blocks &= bool(torch.isfinite(d).all() and torch.isfinite(dmin).all())
-                if self.affine_runtime or replace_blocks:
-                    p = build_kquant(codes[:, :k], sc[:, :g], mins[:, :g], d[:, :-(-g // 8)], dmin[:, :-(-g // 8)])
-                    self._adopt(p)
-            else:
-                codes, scale, offset = affine32(self.qweight, self.qtype.name, k)
-                self._adopt(build_affine32(codes[:, :k], scale[:, :g], offset[:, :g]))
+        if replace_blocks or self.affine_runtime:
+            p = to_runtime(self.qweight, self.qtype, self.in_features, lossless=replace_blocks)
+            if p is None and replace_blocks and self.affine_runtime:  # non-finite scales: beside the blocks
+                p, replace_blocks = to_runtime(self.qweight, self.qtype, self.in_features, lossless=False), False
+            if p is not None:
+                self._adopt(p)
         super().prepare()
         if replace_blocks and self._af_meta is not None:
             self.qweight, self.blocks_replaced = None, True
@@ -181,24 +181,21 @@ class GGUFTritonKernel(GGUFQuantLinear):
                       offsets=self._af_offsets, supers=self._af_supers)
 
     def affine_matmul(self, x2: torch.Tensor, p: Any, variant: str | None, config: Any) -> torch.Tensor:
-        """``x2 @ W^T + bias`` on the GPTQ kernels (variants gemv_tc, gemv, skinny2, gemm2, dense: the ones with
-        offsets)."""
-        from .triton.configs import choose, legal
+        """``x2 @ W^T + bias`` on the GPTQ kernels: with additive offsets (Q4_0/Q4_1/Q4_K) the variants that take
+        them (gemv_tc, gemv, skinny2, gemm2, dense), else (Q8_0: GPTQ 8-bit g32) any that runs its words."""
+        from .triton.configs import legal
         from .triton.dequant import dense_mm
         from .triton.qmm import qmm
 
         m = x2.shape[0]
         cfg = config
         if cfg is None:
-            name, sms = device_facts(x2.device.index or 0) if x2.device.type == "cuda" else ("interpreter", 4)
-            if variant in NO_OFFSETS:  # asked for by name: the same role among the variants with offsets
+            skip = NO_OFFSETS if p.offsets is not None else ()
+            if variant in skip:  # asked for by name: the same role among the variants with offsets
                 variant = "skinny2" if m <= 16 else "gemm2"
-            cfg = choose(name, sms, m, p.n, p.k, 4, 32, variant, exclude=NO_OFFSETS)
-            if cfg.variant == "gemv_tc" and variant is None and tc_unfit(p, m, x2.dtype, x2.device):
-                cfg = choose(name, sms, m, p.n, p.k, 4, 32, exclude=(*NO_OFFSETS, "gemv_tc"))
-            if cfg.variant in ("skinny2", "gemm2"):  # one 32-group per step: [1, BN] scales and offsets, not
-                cfg = replace(cfg, block_k=32)  # [BK, BN] float32 tiles pipelined through shared memory
-            cfg = legal(cfg, m, p.kp, 4)
+            cfg = fitted_config(p, m, x2.dtype, x2.device, variant, exclude=skip)
+            if p.offsets is not None and cfg.variant in ("skinny2", "gemm2"):  # one 32-group per step: [1, BN]
+                cfg = legal(replace(cfg, block_k=32), m, p.kp, p.bits)  # scales and offsets, not [BK, BN] tiles
         if cfg.variant == "dense":
             return dense_mm(x2, p, cfg, self.bias)
         return qmm(x2, p, cfg, self.bias, self._rt_lock)

@@ -50,6 +50,34 @@ def tc_unfit(p: Any, m: int, dtype: torch.dtype, device: torch.device) -> list[s
     return tc_reasons(p, m, dtype, capability(device))
 
 
+def unfit_variants(p: Any, m: int, dtype: torch.dtype, device: torch.device) -> dict[str, str]:
+    """The variants M alone could give a call on layout ``p`` that its words, dtype or device rule out, with why."""
+    from .triton.gemm4_limits import gemm4_reasons
+    from .triton.qmm3 import skinny3_reasons
+    from .triton.qmv_tc import capability
+
+    cap = capability(device)
+    reasons = {"gemv_tc": tc_unfit(p, m, dtype, device)}
+    reasons |= {v: gemm4_reasons(p, m, dtype, cap, v) for v in ("gemm5", "gemm4")}
+    reasons |= {v: skinny3_reasons(p, m, dtype, v, cap) for v in ("skinny3", "gemm3")}
+    return {v: "; ".join(why) for v, why in reasons.items() if why}
+
+
+def fitted_config(p: Any, m: int, dtype: torch.dtype, device: torch.device, variant: str | None = None,
+                  exclude: tuple[str, ...] = ()) -> Any:
+    """The launch config for M rows of layout ``p`` on ``device``: the table's (or heuristic's) choice among the
+    variants not in ``exclude``, the same choice among the rest where the layout cannot run it, legalised."""
+    from .triton.configs import choose, legal
+
+    name, sms = device_facts(device.index or 0) if device.type == "cuda" else ("interpreter", 4)
+    cfg = choose(name, sms, m, p.n, p.k, p.bits, p.group, variant, exclude=exclude)
+    if variant is None and cfg.variant in FITTED:  # chosen by M and shape; this layer may not fit it
+        unfit = tuple(unfit_variants(p, m, dtype, device))
+        if cfg.variant in unfit:  # the same choice among the rest (fastest timed, else the crossovers)
+            cfg = choose(name, sms, m, p.n, p.k, p.bits, p.group, exclude=(*exclude, *unfit))
+    return legal(cfg, m, p.kp, p.bits)
+
+
 def triton_version_reasons(target: Target) -> list[str]:
     """A too-old triton on the live machine (fake targets answer only whether it is importable)."""
     if target.modules is not None or not target.has_module("triton"):
@@ -162,15 +190,7 @@ class TritonQuantMixin:
     # ------------------------------------------------------------------ forward
     def unfit_variants(self, m: int, device: torch.device) -> dict[str, str]:
         """The variants M alone could give this call that this layer, dtype or device cannot run, with why."""
-        from .triton.gemm4_limits import gemm4_reasons
-        from .triton.qmm3 import skinny3_reasons
-        from .triton.qmv_tc import capability
-
-        p, cap = self.packed(), capability(device)
-        reasons = {"gemv_tc": tc_unfit(p, m, self.dtype, device)}
-        reasons |= {v: gemm4_reasons(p, m, self.dtype, cap, v) for v in ("gemm5", "gemm4")}
-        reasons |= {v: skinny3_reasons(p, m, self.dtype, v, cap) for v in ("skinny3", "gemm3")}
-        return {v: "; ".join(why) for v, why in reasons.items() if why}
+        return unfit_variants(self.packed(), m, self.dtype, device)
 
     def explain_call(self, m: int, device: torch.device | str = "cuda") -> str:
         """Which Triton variant and config a forward of M rows runs on ``device``, on what evidence, and why
@@ -188,16 +208,7 @@ class TritonQuantMixin:
 
     def config_for(self, m: int, device: torch.device, variant: str | None = None) -> Any:
         """The launch config for M rows on ``device`` (table entry or heuristic, then legalised)."""
-        from .triton.configs import choose, legal
-
-        name, sms = device_facts(device.index or 0) if device.type == "cuda" else ("interpreter", 4)
-        bits, k, n, group = self._rt_meta[:4]  # type: ignore[index]
-        cfg = choose(name, sms, m, n, k, bits, group, variant)
-        if variant is None and cfg.variant in FITTED:  # chosen by M and shape; this layer may not fit it
-            unfit = tuple(self.unfit_variants(m, device))
-            if cfg.variant in unfit:  # the same choice among the rest (fastest timed, else the crossovers)
-                cfg = choose(name, sms, m, n, k, bits, group, exclude=unfit)
-        return legal(cfg, m, self.packed().kp, bits)
+        return fitted_config(self.packed(), m, self.dtype, device, variant)
 
     def matmul(self, x2: torch.Tensor, variant: str | None = None, config: Any = None) -> torch.Tensor:
         """``x2 [M, K] @ W^T + bias`` with the chosen (or given) variant/config."""
