@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU runs that work of 2026-12-05 still waits for (that day's device time ran out; every number it recorded is an
+# The GPU runs that work of 2026-12-05 and 2026-12-06 still waits for (that day's device time ran out; every number it recorded is an
 # H100's), in about two device calls: each script checks its kernels against the exact Torch kernel and float64
 # before timing, and writes its report under $OUT. From the repository root on the device:
 #     bash benchmarks/gpu_pending.sh
@@ -31,5 +31,8 @@ run gemv_tc8_rows 90 python benchmarks/gemv_tc8_rows.py --shapes 4096x14336,8192
 run gpu_exl3 120 python benchmarks/gpu_exl3.py --ms 1,2,4,8,16,32,64,256
 run gpu_paroquant 90 python benchmarks/gpu_paroquant.py
 run gpu_gguf_dense 90 python benchmarks/gpu_gguf_dense.py
-run e2e_decoder 300 python benchmarks/e2e_decoder.py --variants bf16,gptq4,int8,q4_k
+# GGUF on the GPTQ kernels by default (Q4_K's two-level form, Q8_0 as 8-bit g32; 2026-12-06): every block and
+# runtime variant against bf16 at M = 1..2048, the crossovers to set from it
+run gguf_crossover 360 python benchmarks/gguf_crossover.py
+run e2e_decoder 300 python benchmarks/e2e_decoder.py --variants bf16,gptq4,int8,q4_k,q8_0
 exit $status
