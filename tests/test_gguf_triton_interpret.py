@@ -344,6 +344,9 @@ def test_runtime_replaces_blocks_losslessly(qtype: str, k: int, dtype: torch.dty
     assert not twin.blocks_replaced and torch.equal(twin.qweight, raw)
     twin.ensure_prepared()
     assert twin.blocks_replaced and torch.equal(twin.blocks(), raw)
+    lay.bfloat16().half().float()  # what model.to(dtype) does: the runtime keeps its dtypes, so nothing is rounded
+    assert torch.equal(lay.blocks(), raw) and lay.affine_packed().scales.dtype == {"Q4_K": torch.uint8,
+                                                                                  "Q8_0": torch.float16}[qtype]
     other = random_rows(qtype, n, k, 3)
     lay.load_blocks(other)
     assert lay(torch.ones(1, k, dtype=dtype)).shape == (1, n) and torch.equal(lay.blocks(), other)

@@ -127,6 +127,16 @@ class GGUFTritonKernel(GGUFQuantLinear):
         finally:
             self._buffers["qweight"] = None
 
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        """Device moves only: ``model.half()`` or ``model.to(torch.bfloat16)`` would round the runtime's float32
+        super-scales (and Q8_0's float16 scales), so the blocks could no longer be rebuilt; every tensor keeps its
+        dtype (the float32 bias too)."""
+        def keep_dtype(t: torch.Tensor) -> torch.Tensor:
+            out = fn(t)
+            return out if out.dtype == t.dtype else t.to(out.device)
+
+        return super()._apply(keep_dtype, recurse)
+
     def ensure_prepared(self) -> None:
         if not self.blocks_replaced:  # the runtime is the weight now; nothing to derive it from
             super().ensure_prepared()
