@@ -392,3 +392,20 @@ def test_q4_k_replaced_blocks_shard_and_report_their_device() -> None:
     assert lay.blocks_replaced and lay.weight_device == torch.device("cpu")
     part = shard(lay, 1, 2, "out", backend="gguf_torch")  # the interpreter runs on a CPU target
     assert torch.equal(part.layer.qweight, raw[16:])
+
+
+def test_explain_call_names_the_form_and_the_variant_the_forward_runs() -> None:
+    """Q4_K: the runtime's variant (as ``runtime_config`` gives it), the offset-less variants ruled out by name; a
+    Q6_K layer: its block variant."""
+    lay = GGUFTritonKernel(G.scheme_for("Q4_K", 512, 37), dtype=torch.float16)
+    lay.load_blocks(random_rows("Q4_K", 37, 512, 6))
+    cpu = torch.device("cpu")
+    for m in (1, 9, 100, 3000):
+        head, first, *rest = lay.explain_call(m, "cpu").splitlines()
+        cfg = lay.runtime_config(lay.affine_packed(), m, torch.float16, cpu)
+        assert head == "Q4_K on the GPTQ kernels (blocks replaced by the two-level Q4_K form)"
+        assert first.startswith(f"M={m}: {cfg.variant} — "), first
+        assert "  skinny: adds no per-group offset (GGUF minimums)" in rest
+        assert any(line.startswith("  gemm5: additive offsets (GGUF minimums)") for line in rest)
+    six = layer(G.GGMLType.Q6_K, 37, 600)[0]
+    assert six.explain_call(40, "cpu").startswith(f"M=40: {six.config(40, cpu).variant} on the Q6_K blocks")

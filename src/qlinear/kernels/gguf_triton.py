@@ -34,7 +34,7 @@ from .gguf_runtime import lossless_runtime, to_blocks, to_runtime
 from .gguf_torch import GGUFQuantLinear
 from .planned.gguf import GGUFTritonKernel as _Declared
 from .triton.runtime import interpreting
-from .triton_gptq import device_facts, fitted_config, triton_version_reasons
+from .triton_gptq import device_facts, fitted_config, triton_version_reasons, unfit_variants
 
 T = gguf.GGMLType
 #: every type the Triton bodies decode (``triton.gguf.GEOMS``)
@@ -193,22 +193,57 @@ class GGUFTritonKernel(GGUFQuantLinear):
     def affine_matmul(self, x2: torch.Tensor, p: Any, variant: str | None, config: Any) -> torch.Tensor:
         """``x2 @ W^T + bias`` on the GPTQ kernels: with additive offsets (Q4_0/Q4_1/Q4_K) the variants that take
         them (gemv_tc, gemv, skinny2, gemm2, dense), else (Q8_0: GPTQ 8-bit g32) any that runs its words."""
-        from .triton.configs import legal
         from .triton.dequant import dense_mm
         from .triton.qmm import qmm
 
-        m = x2.shape[0]
-        cfg = config
-        if cfg is None:
-            skip = NO_OFFSETS if p.offsets is not None else ()
-            if variant in skip:  # asked for by name: the same role among the variants with offsets
-                variant = "skinny2" if m <= 16 else "gemm2"
-            cfg = fitted_config(p, m, x2.dtype, x2.device, variant, exclude=skip)
-            if p.offsets is not None and cfg.variant in ("skinny2", "gemm2"):  # one 32-group per step: [1, BN]
-                cfg = legal(replace(cfg, block_k=32), m, p.kp, p.bits)  # scales and offsets, not [BK, BN] tiles
+        cfg = config or self.runtime_config(p, x2.shape[0], x2.dtype, x2.device, variant)
         if cfg.variant == "dense":
             return dense_mm(x2, p, cfg, self.bias)
         return qmm(x2, p, cfg, self.bias, self._rt_lock)
+
+    def runtime_config(self, p: Any, m: int, dtype: torch.dtype, device: torch.device,
+                       variant: str | None = None) -> Any:
+        """The GPTQ kernels' config for M rows of the runtime form ``p``: with offsets, among the variants that add
+        them (one 32-group a step for skinny2 / gemm2: ``[1, BN]`` scale and offset rows, not ``[BK, BN]`` float32
+        tiles through shared memory)."""
+        from .triton.configs import legal
+
+        skip = NO_OFFSETS if p.offsets is not None else ()
+        if variant in skip:  # asked for by name: the same role among the variants with offsets
+            variant = "skinny2" if m <= 16 else "gemm2"
+        cfg = fitted_config(p, m, dtype, device, variant, exclude=skip)
+        if p.offsets is not None and cfg.variant in ("skinny2", "gemm2"):
+            cfg = legal(replace(cfg, block_k=32), m, p.kp, p.bits)
+        return cfg
+
+    def explain_call(self, m: int, device: torch.device | str = "cuda") -> str:
+        """Which form and variant a forward of M rows (in the layer's dtype) runs on ``device``, on what evidence,
+        and why each other variant does not (``cpu``: the interpreter's view, without the device's table)."""
+        from .triton.gguf_configs import CROSSOVERS
+        from .triton.why import explain_choice
+
+        self.ensure_prepared()
+        device = torch.device(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("explain_call: no CUDA device here; device='cpu' gives the interpreter's view")
+        p = self.affine_packed()
+        if p is None:
+            cfg = self.config(m, device)
+            return (f"M={m}: {cfg.variant} on the {self.qtype.name} blocks (by M alone: the variants serve M <= "
+                    f"{CROSSOVERS}, dense above); {cfg}")
+        unfit = unfit_variants(p, m, self.dtype, device)
+        if p.offsets is not None:
+            unfit |= {v: "adds no per-group offset (GGUF minimums)" for v in NO_OFFSETS if v not in unfit}
+        name, sms = device_facts(device.index or 0) if device.type == "cuda" else ("interpreter", 4)
+        what = ("the two-level Q4_K form" if p.supers is not None else "float32 scales and offsets per 32"
+                if p.offsets is not None else f"{p.bits}-bit words, zero {p.zero_const}")
+        form = f"{'blocks replaced by' if self.blocks_replaced else 'beside the blocks:'} {what}"
+        lines = [f"{self.qtype.name} on the GPTQ kernels ({form})",
+                 *explain_choice(name, sms, m, p.n, p.k, p.kp, p.bits, p.group, unfit)]
+        cfg = self.runtime_config(p, m, self.dtype, device)
+        if p.offsets is not None and cfg.variant in ("skinny2", "gemm2"):
+            lines.append(f"  ({cfg.variant} runs block_k {cfg.block_k}: one group's offsets a step)")
+        return "\n".join(lines)
 
     def config(self, m: int, device: torch.device, variant: str | None = None) -> object:
         """The launch config for M rows on ``device`` (heuristic, legalised)."""
