@@ -409,3 +409,21 @@ def test_explain_call_names_the_form_and_the_variant_the_forward_runs() -> None:
         assert any(line.startswith("  gemm5: additive offsets (GGUF minimums)") for line in rest)
     six = layer(G.GGMLType.Q6_K, 37, 600)[0]
     assert six.explain_call(40, "cpu").startswith(f"M=40: {six.config(40, cpu).variant} on the Q6_K blocks")
+
+
+def test_offset_layouts_route_past_the_gptq_table_above_m8() -> None:
+    """Above M=8 a Q4_K runtime takes the offset crossovers measured for it (gemv_tc to 16, skinny2 to 32, gemm2 to
+    64, dense above: results/h100-gguf_crossover-2026-12-06.md), not the GPTQ table's choices, most of which cannot
+    add offsets; Q8_0's form (no offsets) keeps the table."""
+    from qlinear.kernels.gguf_triton import OFFSET_CROSSOVERS
+
+    assert OFFSET_CROSSOVERS == {"gemv_tc": 16, "skinny2": 32, "gemm2": 64}
+    cpu = torch.device("cpu")
+    lay = GGUFTritonKernel(G.scheme_for("Q4_K", 512, 64), dtype=torch.bfloat16)
+    lay.load_blocks(random_rows("Q4_K", 64, 512, 7))
+    lay.prepare()
+    got = {m: lay.runtime_config(lay.affine_packed(), m, torch.bfloat16, cpu).variant for m in (12, 20, 50, 100, 5000)}
+    assert got == {12: "gemv_tc", 20: "skinny2", 50: "gemm2", 100: "dense", 5000: "dense"}
+    x = torch.randn(100, 512, generator=torch.Generator().manual_seed(3)).bfloat16()
+    ref = x.double().numpy() @ oracle(lay.blocks().numpy(), G.GGMLType.Q4_K, 512).astype(np.float64).T
+    assert np.linalg.norm(lay(x).double().numpy() - ref) / np.linalg.norm(ref) < TOL[torch.bfloat16]

@@ -41,6 +41,14 @@ T = gguf.GGMLType
 RUNNABLE = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.Q1_0, T.Q1_0_G128})
 #: largest dense weight chunk (elements) the ``dense`` variant materialises within one forward
 MAX_DENSE = 1 << 26
+#: Above this M, layouts with offsets (Q4_K's two levels, Q4_0/Q4_1's float32 form) take ``OFFSET_CROSSOVERS``
+#: instead of the GPTQ table, whose mid-M choices (gemm5 and gemm4 among them) mostly cannot add offsets: the largest M
+#: each variant serves, dense (dequantize + cuBLAS) above. Measured on an H100 (benchmarks/gguf_crossover.py,
+#: results/h100-gguf_crossover-2026-12-06.md, Q4_K): at M=16 gemv_tc 43.2 / 51.4 us against skinny2 49.5 / 52.1 on
+#: 4096x14336 / 14336x4096; at 32 skinny2 84.7 / 91.6 against gemm2 107.9 / 91.0; at 64 gemm2 107.6 / 91.6 against
+#: dense 98.5 / 101.3; at 128 dense 102.5 / 108.5 against gemm2 123.7 / 181.9, and dense beyond.
+OFFSET_TABLE_M = 8
+OFFSET_CROSSOVERS = {"gemv_tc": 16, "skinny2": 32, "gemm2": 64}
 #: GPTQ variants without an additive per-group offset (the affine runtime needs one)
 NO_OFFSETS = ("skinny", "skinny3", "gemm", "gemm5", "gemm4", "gemm3")
 AFFINE_BUFFERS = ("_af_qweight", "_af_scales", "_af_offsets", "_af_supers", "_af_perm")
@@ -211,6 +219,10 @@ class GGUFTritonKernel(GGUFQuantLinear):
         skip = NO_OFFSETS if p.offsets is not None else ()
         if variant in skip:  # asked for by name: the same role among the variants with offsets
             variant = "skinny2" if m <= 16 else "gemm2"
+        if p.offsets is not None and variant is None and m > OFFSET_TABLE_M:
+            variant = next((v for v, top in OFFSET_CROSSOVERS.items() if m <= top), "dense")
+            if variant == "gemv_tc" and unfit_variants(p, m, dtype, device).get("gemv_tc"):
+                variant = "skinny2"
         cfg = fitted_config(p, m, dtype, device, variant, exclude=skip)
         if p.offsets is not None and cfg.variant in ("skinny2", "gemm2"):
             cfg = legal(replace(cfg, block_k=32), m, p.kp, p.bits)
@@ -219,6 +231,7 @@ class GGUFTritonKernel(GGUFQuantLinear):
     def explain_call(self, m: int, device: torch.device | str = "cuda") -> str:
         """Which form and variant a forward of M rows (in the layer's dtype) runs on ``device``, on what evidence,
         and why each other variant does not (``cpu``: the interpreter's view, without the device's table)."""
+        from .triton.configs import VARIANTS
         from .triton.gguf_configs import CROSSOVERS
         from .triton.why import explain_choice
 
@@ -238,9 +251,16 @@ class GGUFTritonKernel(GGUFQuantLinear):
         what = ("the two-level Q4_K form" if p.supers is not None else "float32 scales and offsets per 32"
                 if p.offsets is not None else f"{p.bits}-bit words, zero {p.zero_const}")
         form = f"{'blocks replaced by' if self.blocks_replaced else 'beside the blocks:'} {what}"
-        lines = [f"{self.qtype.name} on the GPTQ kernels ({form})",
-                 *explain_choice(name, sms, m, p.n, p.k, p.kp, p.bits, p.group, unfit)]
         cfg = self.runtime_config(p, m, self.dtype, device)
+        if p.offsets is not None and m > OFFSET_TABLE_M:  # the offset crossovers, not the GPTQ table
+            tiles = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}, split-K {cfg.split_k}, {cfg.num_warps} warps"
+            why = [f"  {v}: {unfit.get(v) or 'not what the offset crossovers give this M'}"
+                   for v in VARIANTS if v != cfg.variant]
+            choice = [f"M={m}: {cfg.variant} — crossovers for layouts with offsets above M={OFFSET_TABLE_M} "
+                      f"({OFFSET_CROSSOVERS}, dense above; gguf_triton.OFFSET_CROSSOVERS): {tiles}", *why]
+        else:
+            choice = explain_choice(name, sms, m, p.n, p.k, p.kp, p.bits, p.group, unfit)
+        lines = [f"{self.qtype.name} on the GPTQ kernels ({form})", *choice]
         if p.offsets is not None and cfg.variant in ("skinny2", "gemm2"):
             lines.append(f"  ({cfg.variant} runs block_k {cfg.block_k}: one group's offsets a step)")
         return "\n".join(lines)
