@@ -95,9 +95,10 @@ class GGUFTritonKernel(GGUFQuantLinear):
         self.blocks_replaced = False
 
     def replaces_blocks(self) -> bool:
-        """Does ``prepare()`` swap the blocks for Q4_K's two-level runtime? Unless ``affine_runtime=False``: for Q4_K
-        layers of whole super-blocks and half-precision activations. That form holds the blocks' own fields (4.75 bits a
-        weight against 4.5), so nothing is lost, and the GPTQ kernels run it 1.4-8x faster than the block kernels."""
+        """Does ``prepare()`` swap the blocks for their runtime form? Unless ``affine_runtime=False``: for Q4_K and Q8_0
+        layers of whole blocks and half-precision activations. Those forms hold the blocks' own fields (Q4_K 4.75 bits a
+        weight against 4.5, Q8_0 8.5 as the blocks), so nothing is lost, and the GPTQ kernels run them 1.0-3.1x as fast
+        as the block kernels (H100, benchmarks/gguf_crossover.py)."""
         return self.affine_runtime is not False and lossless_runtime(self.qtype, self.in_features, self.dtype)
 
     def blocks(self) -> torch.Tensor:
