@@ -31,8 +31,9 @@ run gemv_tc8_rows 90 python benchmarks/gemv_tc8_rows.py --shapes 4096x14336,8192
 run gpu_exl3 120 python benchmarks/gpu_exl3.py --ms 1,2,4,8,16,32,64,256
 run gpu_paroquant 90 python benchmarks/gpu_paroquant.py
 run gpu_gguf_dense 90 python benchmarks/gpu_gguf_dense.py
-# GGUF on the GPTQ kernels by default (Q4_K's two-level form, Q8_0 as 8-bit g32; 2026-12-06): every block and
-# runtime variant against bf16 at M = 1..2048, the crossovers to set from it
-run gguf_crossover 360 python benchmarks/gguf_crossover.py
+# GGUF on the GPTQ kernels by default (Q4_K's two-level form, Q8_0 as 8-bit g32; 2026-12-06): ran on an H100
+# (results/h100-gguf_crossover-2026-12-06.md); the H200's own, and the offset crossovers (gemv_tc 16, skinny2 32,
+# gemm2 64, dense above) checked in the default-layer column
+run gguf_crossover 360 python benchmarks/gguf_crossover.py --qtypes Q4_K,Q8_0
 run e2e_decoder 300 python benchmarks/e2e_decoder.py --variants bf16,gptq4,int8,q4_k,q8_0
 exit $status
