@@ -58,7 +58,8 @@ DENSE_DECODER = "triton"
 
 
 class GGUFTritonKernel(GGUFQuantLinear):
-    """Native GGML blocks of Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K/Q1_0 decoded inside Triton matmuls."""
+    """Native GGML blocks of Q4_0/Q4_1/Q5_0/Q5_1/Q5_K/Q6_K/Q1_0 decoded inside Triton matmuls; Q4_K and Q8_0 re-laid
+    losslessly for the GPTQ Triton kernels (``replaces_blocks``)."""
 
     backend = _Declared.backend
     caps = _Declared.caps
@@ -91,7 +92,7 @@ class GGUFTritonKernel(GGUFQuantLinear):
         super().__init__(scheme, bias=bias, dtype=dtype, qtype=qtype)
         self.affine_runtime = affine_runtime
         self._af_meta: tuple[int, ...] | None = None
-        #: the blocks were swapped for the lossless two-level runtime (``replaces_blocks``); ``blocks()`` rebuilds them
+        #: the blocks were swapped for their lossless runtime form (``replaces_blocks``); ``blocks()`` rebuilds them
         self.blocks_replaced = False
 
     def replaces_blocks(self) -> bool:
@@ -102,8 +103,8 @@ class GGUFTritonKernel(GGUFQuantLinear):
         return self.affine_runtime is not False and lossless_runtime(self.qtype, self.in_features, self.dtype)
 
     def blocks(self) -> torch.Tensor:
-        """The GGML bytes: the buffer, or, when the two-level runtime replaced it, the blocks re-encoded from it
-        (bit for bit: the runtime keeps every field's value; a transient tensor)."""
+        """The GGML bytes: the buffer, or, when the runtime form replaced it, the blocks re-encoded from it (bit for
+        bit: the form keeps every field's value; a transient tensor)."""
         return to_blocks(self.affine_packed(), self.qtype) if self.blocks_replaced else self.qweight
 
     def _restore_blocks_buffer(self) -> None:
@@ -191,7 +192,7 @@ class GGUFTritonKernel(GGUFQuantLinear):
         self._af_meta = p.meta()
 
     def affine_packed(self) -> Any:
-        """The GPTQ kernels' layout of this layer (``affine_runtime``), or None."""
+        """The GPTQ kernels' layout of this layer (its runtime form), or None where it runs on its blocks."""
         from .triton.layout import Packed
 
         if self._af_meta is None:
