@@ -176,8 +176,8 @@ class GGUFFile:
         ``rows``: the output rows in this order (each with its blocks; a copy, not the mapped bytes), as
         transformers orders q/k rows.
         ``affine_runtime`` (where the Triton GGUF kernel is chosen; other kernels have no such runtime; docs/gguf.md):
-        None, the default, runs Q4_K layers of whole 256-value super-blocks on their lossless two-level runtime in
-        place of the blocks (``GGUFTritonKernel.replaces_blocks``); True also builds the larger float32 affine
+        None, the default, runs Q4_K and Q8_0 layers of whole blocks on their lossless runtime forms in place of the
+        blocks (``GGUFTritonKernel.replaces_blocks``); True also builds the larger float32 affine
         runtime of Q4_0/Q4_1 beside their blocks; False keeps every layer on its blocks."""
         from .caps import Problem
         from .kernels.gguf_triton import GGUFTritonKernel

@@ -200,7 +200,7 @@ def from_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype:
     safetensors directory with a config.json. ``dtype`` is the activation dtype of every kernel and of the float
     modules.
     ``affine_runtime`` (GGUF only): which layers of the Triton GGUF kernel run on the GPTQ kernels' affine runtime
-    (``GGUFFile.linear``; by default Q4_K's lossless form in place of its blocks).
+    (``GGUFFile.linear``; by default Q4_K's and Q8_0's lossless forms in place of their blocks).
     """
     path = Path(path)
     if gguf_file is not None:
