@@ -312,10 +312,6 @@ def random_rows(qtype: str, n: int, k: int, seed: int) -> torch.Tensor:
     return raw
 
 
-def q4_k_blocks(n: int, k: int, seed: int) -> torch.Tensor:
-    return random_rows("Q4_K", n, k, seed)
-
-
 @pytest.mark.parametrize(("qtype", "k", "dtype"), [("Q4_K", 512, torch.float16), ("Q4_K", 512, torch.bfloat16),
                                                    ("Q8_0", 640, torch.bfloat16), ("Q8_0", 640, torch.float16)])
 def test_runtime_replaces_blocks_losslessly(qtype: str, k: int, dtype: torch.dtype) -> None:
@@ -369,7 +365,7 @@ def test_q4_k_keeps_its_blocks_where_the_runtime_would_not_replace_them() -> Non
     cases = {"off": (512, torch.float16, False, False), "partial": (600, torch.float16, None, False),
              "float32": (512, torch.float32, None, False), "nan": (512, torch.bfloat16, None, True)}
     for name, (k, dtype, flag, nan) in cases.items():
-        raw = q4_k_blocks(n, -(-k // 256) * 256, 4)
+        raw = random_rows("Q4_K", n, -(-k // 256) * 256, 4)
         if nan:
             raw.view(n, -1, 144)[3, 0, 0:2] = torch.tensor([float("nan")], dtype=torch.float16).view(torch.uint8)
         lay = GGUFTritonKernel(G.scheme_for("Q4_K", k, n), dtype=dtype, affine_runtime=flag)
@@ -385,7 +381,7 @@ def test_q4_k_replaced_blocks_shard_and_report_their_device() -> None:
     from qlinear.parallel.shard import shard
 
     n, k = 32, 512
-    raw = q4_k_blocks(n, k, 5)
+    raw = random_rows("Q4_K", n, k, 5)
     lay = GGUFTritonKernel(G.scheme_for("Q4_K", k, n), dtype=torch.float16)
     lay.load_blocks(raw)
     lay.prepare()

@@ -18,6 +18,7 @@ import torch
 
 from ..layouts import gguf
 from ..layouts.gguf.affine32 import affine32, kquant_blocks, kquant_parts
+from ..layouts.gguf.blocks import f16_field_bytes
 from .triton.layout import Packed, build, build_affine32, build_kquant, kquant_fields, unpack_words
 
 T = gguf.GGMLType
@@ -70,5 +71,5 @@ def to_blocks(p: Packed, qtype: gguf.GGMLType) -> torch.Tensor:
         raise ValueError(f"to_blocks: expected a Q4_K or Q8_0 runtime, got {qtype.name} with {p.bits}-bit words")
     g = p.k // 32
     q = (unpack_words(p.qweight, 8, p.rows_per_block)[:p.k, :p.n].t().to(torch.int16) - Q8_ZERO).to(torch.int8)
-    d = p.scales[:g, :p.n].t().to(torch.float16).reshape(-1).contiguous().view(torch.uint8).reshape(p.n, g, 2)
+    d = f16_field_bytes(p.scales[:g, :p.n].t()).reshape(p.n, g, 2)
     return torch.cat((d, q.reshape(p.n, g, 32).view(torch.uint8)), dim=2).reshape(p.n, g * 34)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from .blocks import bit_planes, f16_field, nibbles
+from .blocks import bit_planes, f16_field, f16_field_bytes, nibbles
 from .iq import KVALUES_IQ4NL, iq4_xs_scales
-from .kquants import kquant_scale_min
+from .kquants import kquant_scale_min, scale_min_runs
 from .legacy import _codes4, _codes5
 
 #: qtype name -> bits of its unsigned codes (signed types are shifted: Q8_0 codes are q + 128).
@@ -99,15 +99,11 @@ def kquant_blocks(codes: torch.Tensor, sc: torch.Tensor, mins: torch.Tensor, d: 
         raise ValueError(f"kquant_blocks: expected codes [N, 256 nb], sc/mins [N, 8 nb], d/dmin [N, nb], got "
                          f"{list(codes.shape)}, {list(sc.shape)}, {list(mins.shape)}, {list(d.shape)}, "
                          f"{list(dmin.shape)}")
-    s, m = sc.reshape(n * nb, 8).to(torch.uint8), mins.reshape(n * nb, 8).to(torch.uint8)
-    packed = torch.cat((s[:, :4] | ((s[:, 4:] >> 4) << 6), m[:, :4] | ((m[:, 4:] >> 4) << 6),
-                        (s[:, 4:] & 0x0F) | ((m[:, 4:] & 0x0F) << 4)), dim=1)
-    def halves(v: torch.Tensor) -> torch.Tensor:  # a float16 field's two little-endian bytes
-        return v.to(torch.float16).reshape(-1).contiguous().view(torch.uint8).reshape(n * nb, 2)
-
+    packed = torch.cat(scale_min_runs(sc.reshape(n * nb, 8).to(torch.uint8), mins.reshape(n * nb, 8).to(torch.uint8)),
+                       dim=1)
     q = codes.to(torch.uint8).reshape(n * nb, 4, 2, 32)
     qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n * nb, 128)
-    return torch.cat((halves(d), halves(dmin), packed, qs), dim=1).reshape(n, nb * 144)
+    return torch.cat((f16_field_bytes(d), f16_field_bytes(dmin), packed, qs), dim=1).reshape(n, nb * 144)
 
 
 def affine32(qweight: torch.Tensor, qtype: str, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -24,6 +24,11 @@ def f16_field(blocks: torch.Tensor, at: int) -> torch.Tensor:
     return blocks[:, at:at + 2].contiguous().view(torch.float16).to(torch.float32)
 
 
+def f16_field_bytes(v: torch.Tensor) -> torch.Tensor:
+    """``f16_field`` undone: values (float16-representable, any float dtype) -> ``uint8 [numel, 2]``, little-endian."""
+    return v.to(torch.float16).reshape(-1).contiguous().view(torch.uint8).reshape(-1, 2)
+
+
 def nibbles(qs: torch.Tensor) -> torch.Tensor:
     """``[..., n]`` bytes -> ``[..., 2, n]`` (low nibbles, then high nibbles), uint8."""
     return torch.stack((qs & 0x0F, qs >> 4), dim=-2)

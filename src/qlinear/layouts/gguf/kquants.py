@@ -24,6 +24,13 @@ def kquant_scale_min(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc, mn
 
 
+def scale_min_runs(sc, mn):
+    """``kquant_scale_min`` undone: the 12-byte packing's three 4-byte runs of 6-bit ``sc``, ``mn`` ``[nb, 8]``
+    (numpy arrays or torch tensors; the caller concatenates them along dim 1)."""
+    return (sc[:, :4] | ((sc[:, 4:] >> 4) << 6), mn[:, :4] | ((mn[:, 4:] >> 4) << 6),
+            (sc[:, 4:] & 0x0F) | ((mn[:, 4:] & 0x0F) << 4))
+
+
 def q3k_scales(packed: torch.Tensor) -> torch.Tensor:
     """Q3_K 12-byte packing -> 16 signed 6-bit scales ``[nb, 16]`` (int16, already minus 32)."""
     low = nibbles(packed[:, 0:8]).reshape(-1, 16)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .blocks import F32, f16_bytes, f16_round, first_absmax, nearest_int, running_max, running_min_max, seq_sum
+from .kquants import scale_min_runs
 
 GROUP_MAX_EPS = F32(1e-15)
 
@@ -165,8 +166,7 @@ def _encode_q45_k(blocks: np.ndarray, nmax: int, rmin: float, nstep: int) -> tup
         inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0))
     ls = np.minimum(nearest_int(inv_scale[:, None] * scales) & 0xFF, 63)
     lm = np.minimum(nearest_int(inv_min[:, None] * mins) & 0xFF, 63)
-    packed = np.concatenate([ls[:, :4] | ((ls[:, 4:] >> 4) << 6), lm[:, :4] | ((lm[:, 4:] >> 4) << 6),
-                             (ls[:, 4:] & 0x0F) | ((lm[:, 4:] & 0x0F) << 4)], axis=1).astype(np.uint8)
+    packed = np.concatenate(scale_min_runs(ls, lm), axis=1).astype(np.uint8)
     d, dmin = max_scale / F32(63), max_min / F32(63)
     dl = (f16_round(d)[:, None] * ls.astype(F32)).reshape(-1)
     ml = (f16_round(dmin)[:, None] * lm.astype(F32)).reshape(-1)
