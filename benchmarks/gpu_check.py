@@ -1,6 +1,7 @@
 """CUDA correctness sweep of the Triton kernels over every declared combination, plus a SASS report.
 
     python3 benchmarks/gpu_check.py            # sweep (covering design; --full for the product): exit 1 on failure
+    python3 benchmarks/gpu_check.py --jobs 8   # the same sweep as 8 processes side by side (compile-bound)
     python3 benchmarks/gpu_check.py --sass     # registers, spills, shared memory, HGMMA/HMMA/vector-load counts
     python3 benchmarks/gpu_check.py --conformance   # every implemented CUDA kernel's declared combinations vs float64
 
@@ -154,10 +155,11 @@ def write_rows(out: str | None, rows: list[tuple[str, int, str, float, str]]) ->
 
 def sweep(full: bool, dev: torch.device, shapes: tuple[tuple[int, int], ...] = SHAPES,
           awq_shape: tuple[int, int] = (2048, 1000), budget: float = 1e9, out: str | None = None,
-          bits: tuple[int, ...] = BITS, variants: tuple[str, ...] = ()) -> int:
+          bits: tuple[int, ...] = BITS, variants: tuple[str, ...] = (), shard: tuple[int, int] = (0, 1)) -> int:
     """Every (bits, group) once with (sym, act-order) rotating so each bits meets all four, dtypes
-    alternating; ``full``: the whole product (4x the layers, mostly compile time)."""
-    gen = torch.Generator().manual_seed(1234)
+    alternating; ``full``: the whole product (4x the layers, mostly compile time). ``shard`` ``(i, n)``: only
+    the layers whose index is ``i`` mod ``n`` (each layer draws from its own seed, so shards add up to the
+    whole sweep)."""
     rows, failures, t0, skipped = [], 0, time.time(), 0
     flags = [(True, False), (False, True), (True, True), (False, False)]
     if full:
@@ -165,9 +167,12 @@ def sweep(full: bool, dev: torch.device, shapes: tuple[tuple[int, int], ...] = S
     else:
         combos = [(b, g, *flags[(i + b) % 4]) for b in bits for i, g in enumerate(GROUPS)]
     for i, (b, g, sym, desc) in enumerate(combos):
+        if i % shard[1] != shard[0]:
+            continue
         if time.time() - t0 > budget:
             skipped += 1
             continue
+        gen = torch.Generator().manual_seed(1234 + i)
         k, n = shapes[i % len(shapes)]
         dtype = (torch.float16, torch.bfloat16)[i % 2]
         q = random_affine(n, k, b, g, sym, desc, gen)
@@ -182,7 +187,13 @@ def sweep(full: bool, dev: torch.device, shapes: tuple[tuple[int, int], ...] = S
             rows.append((f"gptq {b}b g{g} {'sym' if sym else 'asym'}{' act' if desc else ''} "
                          f"{str(dtype)[6:]} {k}x{n}", m, v, err, problem))
         write_rows(out, rows)  # after every layer: a run cut short by a timeout leaves what it checked
-    for g, sym in ((128, False), (32, True), (-1, False), (64, True)):
+    for j, (g, sym) in enumerate(((128, False), (32, True), (-1, False), (64, True))):
+        if (len(combos) + j) % shard[1] != shard[0]:
+            continue
+        if time.time() - t0 > budget:
+            skipped += 1
+            continue
+        gen = torch.Generator().manual_seed(1234 + len(combos) + j)
         k, n = awq_shape
         q = random_affine(n, k, 4, g, sym, False, gen)
         scheme = Scheme(bits=4, group_size=g, in_features=k, out_features=n, sym=sym, method="awq", format="gemm")
@@ -206,6 +217,31 @@ def sweep(full: bool, dev: torch.device, shapes: tuple[tuple[int, int], ...] = S
     if skipped:
         print(f"INCOMPLETE: {skipped} layers not run (over the --budget of {budget:.0f} s)")
     return 1 if failures else 0
+
+
+def sharded(jobs: int, argv: list[str], out: str | None) -> int:
+    """The sweep as ``jobs`` processes of this script (``--shard i/jobs``) side by side: the sweep is mostly
+    Triton compile time, one CPU core a process, so a 16-core host runs all bits inside one call. Their
+    tables are merged into ``out``; the exit status is the worst of theirs."""
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    procs = [subprocess.Popen([sys.executable, __file__, *argv, "--shard", f"{i}/{jobs}", "--out",
+                               str(tmp / f"shard{i}.md")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for i in range(jobs)]
+    logs = [proc.communicate()[0] for proc in procs]
+    rows = [line for i in range(jobs) if (tmp / f"shard{i}.md").exists()
+            for line in (tmp / f"shard{i}.md").read_text().splitlines()[2:]]
+    table = ["| layer | M | variant | rel err | result |", "| --- | --- | --- | --- | --- |", *sorted(rows)]
+    if out:
+        Path(out).write_text("\n".join(table) + "\n")
+    bad = [r for r in rows if not r.endswith("| ok |")]
+    print("\n".join(table[:2] + bad))
+    for i, log in enumerate(logs):
+        tail = [line for line in log.splitlines() if re.search(r"checks,|INCOMPLETE|Error|error:", line)]
+        print(f"shard {i}/{jobs} (exit {procs[i].returncode}): " + " / ".join(tail[-3:]))
+    print(f"{len(rows)} checks, {len(bad)} failed over {jobs} shards" + (f"; full table in {out}" if out else ""))
+    return max(proc.returncode for proc in procs)
 
 
 SASS_OPS = ("HGMMA", "HMMA", "LDGSTS", "LDG", "LDG.128", "LDS", "STS", "BAR", "ATOMG", "RED", "FFMA", "FADD",
@@ -291,6 +327,9 @@ def main() -> int:
     ap.add_argument("--conformance", action="store_true",
                     help="every implemented CUDA kernel's declared combinations against float64 (the conformance "
                          "harness of tests/conformance, through benchmarks/conformance_report.py --device cuda)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="run the sweep as this many processes side by side (compilation is most of its time)")
+    ap.add_argument("--shard", default="0/1", help="i/n: only layers i, i + n, ... (set by --jobs)")
     ap.add_argument("--interpret-smoke", action="store_true",
                     help="tiny shapes on CPU under TRITON_INTERPRET=1 (checks this script, not the GPU)")
     args = ap.parse_args()
@@ -307,8 +346,14 @@ def main() -> int:
         return subprocess.call([sys.executable, str(report), "--device", "cuda"])
     bits = tuple(int(b) for b in args.bits.split(","))
     variants = tuple(v for v in args.variants.split(",") if v)
-    return sass_report() if args.sass else sweep(args.full, torch.device("cuda"), budget=args.budget, out=args.out,
-                                                 bits=bits, variants=variants)
+    if args.sass:
+        return sass_report()
+    if args.jobs > 1:
+        argv = [f"--bits={args.bits}", f"--budget={args.budget}", f"--variants={args.variants}"]
+        return sharded(args.jobs, argv + (["--full"] if args.full else []), args.out)
+    index, _, count = args.shard.partition("/")
+    return sweep(args.full, torch.device("cuda"), budget=args.budget, out=args.out, bits=bits, variants=variants,
+                 shard=(int(index), int(count)))
 
 
 if __name__ == "__main__":
