@@ -24,11 +24,9 @@ python -c "import gguf" 2>/dev/null || { [ -d .whl ] && python -m pip install -q
 # the whole conformance report on one tree (earlier runs covered every kernel, but across three calls) and the
 # GPTQ variant sweep to its end (a 170 s limit stopped it inside the 2-bit layers on 2026-12-05)
 run conformance_cuda 200 python benchmarks/gpu_check.py --conformance
-# one bits at a time: on 2026-12-06 (H100) --bits 4 and --bits 2 each ran past 200 s and a 560 s call cut all three
-# short (466 checks, 0 failed, results/h100-gpu_check{2,4,8}-2026-12-06.md); give each its own call if need be
-run gpu_check4 330 python benchmarks/gpu_check.py --bits 4 --budget 280 --out "$OUT/gpu_check4.md"
-run gpu_check2 330 python benchmarks/gpu_check.py --bits 2 --budget 280 --out "$OUT/gpu_check2.md"
-run gpu_check8 250 python benchmarks/gpu_check.py --bits 8 --budget 200 --out "$OUT/gpu_check8.md"
+# all bits in one step as 15 shard processes (69 s on an H100 host of 16 cores, 2026-12-06; one process took
+# 200-300 s a bits)
+run gpu_check 300 python benchmarks/gpu_check.py --jobs 15 --bits 2,4,8 --budget 260 --out "$OUT/gpu_check.md"
 # 8-bit gemv_tc against the shipped variants on the H200 (its table's 8-bit crossovers predate 8-bit gemv_tc)
 run gemv_tc8_rows 90 python benchmarks/gemv_tc8_rows.py --shapes 4096x14336,8192x28672,4096x4096,14336x4096
 # the same cells on an H200 (every number of 2026-12-05 is an H100's)
