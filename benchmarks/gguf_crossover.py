@@ -31,9 +31,10 @@ from qlinear.kernels.triton.gguf_configs import CROSSOVERS
 
 VARIANTS = ("gemv", "skinny", "gemm", "dense")
 #: the GPTQ variants that take additive offsets: what Q4_K's default runtime runs (``gguf_triton.NO_OFFSETS``)
-RUNTIME_VARIANTS = ("gemv_tc", "gemv", "skinny2", "gemm2", "dense")
+RUNTIME_VARIANTS = ("gemv_tc", "gemv", "skinny2", "gemm2", "gemm5", "dense")
 #: above these M a variant is not timed (it is far behind by then; gemv launches one program per row)
-LIMITS = {"gemv": 16, "gemv_tc": 16, "skinny": 128, "skinny2": 128, "gemm": 4096, "gemm2": 4096, "dense": 1 << 20}
+LIMITS = {"gemv": 16, "gemv_tc": 16, "skinny": 128, "skinny2": 128, "gemm": 4096, "gemm2": 4096, "gemm5": 4096,
+          "dense": 1 << 20}
 TOL = 1e-2  # bf16 activations and outputs
 
 
@@ -101,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"command: python benchmarks/gguf_crossover.py {' '.join(sys.argv[1:] if argv is None else argv)}\n"
           f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; CROSSOVERS now {CROSSOVERS}\n")
     print("| K x N | type | M | bf16 us | blocks: gemv | skinny | gemm | dense | blocks AUTO | fastest on blocks | "
-          "runtime: gemv_tc | gemv | skinny2 | gemm2 | dense | fastest on the runtime | default layer us (vs bf16) |\n"
-          + "| --- " * 17 + "|", flush=True)
+          "runtime: gemv_tc | gemv | skinny2 | gemm2 | gemm5 | dense | fastest on the runtime | "
+          "default layer us (vs bf16) |\n"
+          + "| --- " * 18 + "|", flush=True)
     ok, t0 = True, time.time()
     for k, n in shapes:
         for qt in a.qtypes.split(","):

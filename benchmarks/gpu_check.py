@@ -219,6 +219,73 @@ def sweep(full: bool, dev: torch.device, shapes: tuple[tuple[int, int], ...] = S
     return 1 if failures else 0
 
 
+#: (M, variant) for the GGUF runtime forms (groups of 32 with offsets): gemm5 through x in fragment order, its
+#: split-K pair padding, and the variants that added offsets before it
+FORM_CALLS = ((16, "gemm5"), (33, "gemm5"), (200, "gemm5"), (600, "gemm5"), (33, "gemm5@s7"), (1100, "gemm5@t2"),
+              (12, "gemv_tc"), (20, "skinny2"), (50, "gemm2"))
+
+
+def forms_sweep(dev: torch.device, out: str | None = None,
+                shapes: tuple[tuple[int, int], ...] = ((2048, 1000), (1280, 777))) -> int:
+    """GGUF Q4_K's two-level form (uint8 sub-scales and mins, float32 super pairs) and Q4_0/Q4_1's float32
+    scale-and-offset form through the GPTQ kernels, against float64 built from the fields (no qlinear decoding),
+    float16 and bfloat16, odd N and a K that is not a multiple of 64."""
+    from qlinear.kernels.triton.layout import build_affine32, build_kquant
+    from qlinear.kernels.triton.qmm import lock_slots, qmm
+    from qlinear.kernels.triton_gptq import fitted_config, unfit_variants
+
+    rows, failures = [], 0
+    for i, (form, (k, n)) in enumerate([(f, s) for f in ("kquant", "affine32") for s in shapes]):
+        gen = torch.Generator().manual_seed(99 + i)
+        g = k // 32
+        codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+        if form == "kquant":
+            sc, mn = (torch.randint(0, 64, (n, g), generator=gen, dtype=torch.uint8) for _ in range(2))
+            d, dmin = ((torch.rand(n, -(-g // 8), generator=gen) * 2e-3).half().float() for _ in range(2))
+            sup = torch.arange(g) // 8
+            s64 = d.double()[:, sup] * sc.double()
+            o64 = -dmin.double()[:, sup] * mn.double()
+            p = build_kquant(codes, sc, mn, d, dmin)
+        else:
+            s64 = (torch.rand(n, g, generator=gen) * 0.02 + 0.002).double()
+            o64 = (torch.rand(n, g, generator=gen) - 0.5).double() * 0.1
+            p = build_affine32(codes, s64.float(), o64.float())
+        grp = torch.arange(k) // 32
+        w = (s64[:, grp] * codes.double() + o64[:, grp]).to(dev)
+        p = p.with_tensors(**{name: t.to(dev) for name, t in p.tensors().items() if t is not None})
+        lock = torch.zeros(lock_slots(n), dtype=torch.int32, device=dev)
+        dtype = (torch.bfloat16, torch.float16)[i % 2]
+        for m, name in FORM_CALLS:
+            variant, _, forced = name.partition("@")
+            if variant in unfit_variants(p, m, dtype, dev):
+                continue  # this layout, dtype or device cannot run it
+            cfg = fitted_config(p, m, dtype, dev, variant)
+            if forced.startswith("s"):
+                cfg = replace(cfg, split_k=int(forced[1:]))
+            elif forced.startswith("t"):
+                cfg = replace(cfg, block_m=64, block_n=64, num_warps=4, max_registers=0, split_k=1,
+                              tail_split=int(forced[1:]))
+            if variant in ("skinny2", "gemm2"):
+                cfg = replace(cfg, block_k=32)  # one 32-group a step, as GGUFTritonKernel.runtime_config runs them
+            x = torch.randn(m, k, generator=gen).to(dev, dtype)
+            ref = x.double() @ w.t()
+            y1 = qmm(x, p, cfg, None, lock, out=torch.full((m, n), float("nan"), dtype=dtype, device=dev))
+            y2 = qmm(x, p, cfg, None, lock, out=torch.full((m, n), float("nan"), dtype=dtype, device=dev))
+            sync(dev)
+            err = float((y1.double() - ref).norm() / ref.norm())
+            problem = ("unwritten/NaN outputs" if not bool(torch.isfinite(y1).all()) else
+                       f"error {err:.2e} > {TOL[dtype]:.0e}" if err > TOL[dtype] else
+                       "two runs differ (race?)" if not torch.equal(y1, y2) else
+                       "split-K counters not reset" if int(lock.abs().sum()) else "")
+            failures += bool(problem)
+            rows.append((f"{form} {str(dtype)[6:]} {k}x{n}", m, name, err, problem))
+        write_rows(out, rows)
+    table = write_rows(out, rows)
+    print("\n".join(table[:2] + [t for t, r in zip(table[2:], rows) if r[4]]))
+    print(f"{len(rows)} form checks, {failures} failed")
+    return 1 if failures else 0
+
+
 def sharded(jobs: int, argv: list[str], out: str | None) -> int:
     """The sweep as ``jobs`` processes of this script (``--shard i/jobs``) side by side: the sweep is mostly
     Triton compile time, one CPU core a process, so a 16-core host runs all bits inside one call. Their
@@ -329,6 +396,8 @@ def main() -> int:
                          "harness of tests/conformance, through benchmarks/conformance_report.py --device cuda)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="run the sweep as this many processes side by side (compilation is most of its time)")
+    ap.add_argument("--forms", action="store_true",
+                    help="the GGUF runtime forms (Q4_K two-level, Q4_0/Q4_1 float32) through the GPTQ kernels")
     ap.add_argument("--shard", default="0/1", help="i/n: only layers i, i + n, ... (set by --jobs)")
     ap.add_argument("--interpret-smoke", action="store_true",
                     help="tiny shapes on CPU under TRITON_INTERPRET=1 (checks this script, not the GPU)")
@@ -348,6 +417,8 @@ def main() -> int:
     variants = tuple(v for v in args.variants.split(",") if v)
     if args.sass:
         return sass_report()
+    if args.forms:
+        return forms_sweep(torch.device("cuda"), args.out)
     if args.jobs > 1:
         argv = [f"--bits={args.bits}", f"--budget={args.budget}", f"--variants={args.variants}"]
         return sharded(args.jobs, argv + (["--full"] if args.full else []), args.out)

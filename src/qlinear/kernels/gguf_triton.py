@@ -47,10 +47,13 @@ MAX_DENSE = 1 << 26
 #: results/h100-gguf_crossover-2026-12-06.md, Q4_K): at M=16 gemv_tc 43.2 / 51.4 us against skinny2 49.5 / 52.1 on
 #: 4096x14336 / 14336x4096; at 32 skinny2 84.7 / 91.6 against gemm2 107.9 / 91.0; at 64 gemm2 107.6 / 91.6 against
 #: dense 98.5 / 101.3; at 128 dense 102.5 / 108.5 against gemm2 123.7 / 181.9, and dense beyond.
+#: gemm5 takes groups of 32 with offsets since 2026-12-06 (x in fragment order, ``triton/fragment.py``) and comes
+#: first where it fits (sm_90, 16-bit activations); the rest are the order where it does not. Each variant is
+#: skipped where it cannot run this layer.
 OFFSET_TABLE_M = 8
-OFFSET_CROSSOVERS = {"gemv_tc": 16, "skinny2": 32, "gemm2": 64}
+OFFSET_CROSSOVERS = {"gemv_tc": 16, "gemm5": 4096, "skinny2": 32, "gemm2": 64}
 #: GPTQ variants without an additive per-group offset (the affine runtime needs one)
-NO_OFFSETS = ("skinny", "skinny3", "gemm", "gemm5", "gemm4", "gemm3")
+NO_OFFSETS = ("skinny", "skinny3", "gemm", "gemm4", "gemm3")
 AFFINE_BUFFERS = ("_af_qweight", "_af_scales", "_af_offsets", "_af_supers", "_af_perm")
 #: which decoder forms the ``dense`` variant's transient weight chunk: "triton" (``dequant_kernel`` straight into the
 #: activation dtype, one launch) or "torch" (``layouts/gguf`` decoders in float32, then a cast); both are exact
@@ -222,9 +225,8 @@ class GGUFTritonKernel(GGUFQuantLinear):
         if variant in skip:  # asked for by name: the same role among the variants with offsets
             variant = "skinny2" if m <= 16 else "gemm2"
         if p.offsets is not None and variant is None and m > OFFSET_TABLE_M:
-            variant = next((v for v, top in OFFSET_CROSSOVERS.items() if m <= top), "dense")
-            if variant == "gemv_tc" and unfit_variants(p, m, dtype, device).get("gemv_tc"):
-                variant = "skinny2"
+            unfit = unfit_variants(p, m, dtype, device)
+            variant = next((v for v, top in OFFSET_CROSSOVERS.items() if m <= top and v not in unfit), "dense")
         cfg = fitted_config(p, m, dtype, device, variant, exclude=skip)
         if p.offsets is not None and cfg.variant in ("skinny2", "gemm2"):
             cfg = legal(replace(cfg, block_k=32), m, p.kp, p.bits)

@@ -13,6 +13,7 @@ import re
 
 import torch
 
+from .fragment_order import groups_reasons
 from .layout import Packed
 from .qmm3 import skinny3_reasons
 
@@ -39,11 +40,13 @@ def gemm4_reasons(p: Packed, m: int, dtype: torch.dtype, capability: tuple[int, 
     """Why ``gemm4`` (or ``gemm5``: the same product and layouts, loads on a warp of their own) cannot run this
     call ([] when it can); ``capability`` None: no CUDA device."""
     out = [r for r in skinny3_reasons(p, m, dtype, variant, capability) if not r.startswith("compute")]
+    if variant == "gemm5":  # offsets and groups of 32 through x in fragment order (fragment.py)
+        out = [r for r in out if not r.startswith("additive offsets")] + groups_reasons(p)
+    elif p.rows_per_block != 8:
+        out.append(f"field blocks of {p.rows_per_block} word rows (the A-fragment layout needs 8: group % 64)")
     if capability is None or capability[0] != 9:
         found = "no CUDA device" if capability is None else f"compute capability {capability[0]}.{capability[1]}"
         out.append(f"{found} (Gluon wgmma + TMA: sm_90 only)")
-    if p.rows_per_block != 8:
-        out.append(f"field blocks of {p.rows_per_block} word rows (the A-fragment layout needs 8: group % 64)")
     if (p.kp if p.perm is not None else p.k) % 8:
         out.append(f"K = {p.k} (TMA needs 16-byte activation rows: K % 8 == 0)")
     if capability is not None and gluon_missing():

@@ -25,6 +25,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .configs import Config
+from .fragment import to_fragment
+from .fragment_order import block_k_groups, fragment_input
 from .gemm4_limits import gemm4_reasons
 from .layout import Packed, sorted_input
 from .qmm3 import ASM_BF16, ASM_F16, block_k3
@@ -69,7 +71,6 @@ def _load_step(W, S, Z, kb, kb_end, offs_n, offs_w, nmask, KW, NP, GS: gl.conste
 def _dequant(w, s, z, ZC: gl.constexpr, HAS_Z: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
              a_layout: gl.constexpr, dt: gl.constexpr):
     """Words -> the A fragment ``[BN, BK]`` in the activation dtype, rows in sorted K order."""
-    BKW: gl.constexpr = BLOCK_K // 8
     MAGIC: gl.constexpr = 128.0 if dt == gl.bfloat16 else 1024.0
     zf = z.to(gl.float32) if HAS_Z else gl.full(s.shape, ZC, gl.float32, s.type.layout)
     sb = gl.broadcast(s.to(dt)[:, None], w)[0]
@@ -82,9 +83,7 @@ def _dequant(w, s, z, ZC: gl.constexpr, HAS_Z: gl.constexpr, BLOCK_N: gl.constex
         o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
             ASM_F16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [w, sb, zc], dtype=(gl.float16,) * 8, is_pure=True,
             pack=2)
-    q = gl.join(gl.join(gl.join(o0, o4), gl.join(o2, o6)), gl.join(gl.join(o1, o5), gl.join(o3, o7)))
-    q = gl.reshape(gl.permute(gl.reshape(q, (BLOCK_N, BKW // 8, 8, 8)), (0, 1, 3, 2)), (BLOCK_N, BLOCK_K))
-    return gl.convert_layout(q, a_layout, assert_trivial=True)
+    return to_fragment(o0, o1, o2, o3, o4, o5, o6, o7, BLOCK_N, BLOCK_K, a_layout)
 
 
 @gluon.jit
@@ -240,17 +239,21 @@ def tile_errors(cfg: Config, block_k: int) -> list[str]:
 
 
 def gluon_inputs(x2: torch.Tensor, p: Packed, cfg: Config) -> tuple[torch.Tensor, int, int]:
-    """``(x in sorted order with TMA-aligned rows, its K, the K step)`` for gemm4/gemm5 (``cfg.variant``), or a
-    named error for a call or a forced config the kernel cannot take."""
+    """``(x in sorted order (fragment order over groups of 32) with TMA-aligned rows, its K, the K step)`` for
+    gemm4/gemm5 (``cfg.variant``), or a named error for a call or a forced config the kernel cannot take."""
     from .qmv_tc import capability
 
     why = gemm4_reasons(p, x2.shape[0], x2.dtype, capability(x2.device), cfg.variant)
     if why:
         raise ValueError(f"{cfg.variant} cannot run this call: " + "; ".join(why))
-    x2, kx = sorted_input(x2, p)
+    if p.rows_per_block == 8:
+        x2, kx = sorted_input(x2, p)
+        bk = block_k3(p, cfg.block_k)
+    else:  # groups of 32 (fragment.py)
+        x2, kx = fragment_input(x2, p)
+        bk = block_k_groups(p, cfg.block_k)
     if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:  # TMA: 16-byte aligned rows
         x2 = torch.empty(x2.shape, dtype=x2.dtype, device=x2.device).copy_(x2)
-    bk = block_k3(p, cfg.block_k)
     bad = tile_errors(cfg, bk)
     if bad:
         raise ValueError(f"{cfg.variant} config: " + "; ".join(bad))
