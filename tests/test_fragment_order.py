@@ -85,3 +85,9 @@ def test_fragment_order_refuses_what_it_cannot_take() -> None:
     p = build(codes, torch.rand(8, 2), torch.full((8, 2), 8), torch.arange(192) // 96, 4)
     assert (p.rows_per_block, p.group) == (4, 96)
     assert "groups of 96" in groups_reasons(p)[0]
+    assert p.xorder is None, "only groups of exactly 32 carry the fragment order"
+    with pytest.raises(ValueError, match="groups of 32"):
+        fragment_input(torch.zeros(1, 192), p)
+    eight = build(torch.randint(0, 256, (8, 64), generator=gen, dtype=torch.uint8), torch.rand(8, 2),
+                  torch.full((8, 2), 128), torch.arange(64) // 32, 8)
+    assert eight.group == 32 and eight.xorder is None, "8-bit words: gemm5 runs 4-bit codes only"

@@ -54,7 +54,7 @@ OFFSET_TABLE_M = 8
 OFFSET_CROSSOVERS = {"gemv_tc": 16, "gemm5": 4096, "skinny2": 32, "gemm2": 64}
 #: GPTQ variants without an additive per-group offset (the affine runtime needs one)
 NO_OFFSETS = ("skinny", "skinny3", "gemm", "gemm4", "gemm3")
-AFFINE_BUFFERS = ("_af_qweight", "_af_scales", "_af_offsets", "_af_supers", "_af_perm")
+AFFINE_BUFFERS = ("_af_qweight", "_af_scales", "_af_offsets", "_af_supers", "_af_perm", "_af_xorder")
 #: which decoder forms the ``dense`` variant's transient weight chunk: "triton" (``dequant_kernel`` straight into the
 #: activation dtype, one launch) or "torch" (``layouts/gguf`` decoders in float32, then a cast); both are exact
 DENSE_DECODER = "triton"
@@ -201,7 +201,7 @@ class GGUFTritonKernel(GGUFQuantLinear):
         if self._af_meta is None:
             return None
         return Packed(self._af_qweight, self._af_scales, None, self._af_perm, *self._af_meta,
-                      offsets=self._af_offsets, supers=self._af_supers)
+                      offsets=self._af_offsets, supers=self._af_supers, xorder=self._af_xorder)
 
     def affine_matmul(self, x2: torch.Tensor, p: Any, variant: str | None, config: Any) -> torch.Tensor:
         """``x2 @ W^T + bias`` on the GPTQ kernels: with additive offsets (Q4_0/Q4_1/Q4_K) the variants that take

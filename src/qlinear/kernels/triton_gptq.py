@@ -28,7 +28,8 @@ from .gptq_base import GPTQQuantLinear
 from .planned.triton import TritonV2Linear as _Declared
 from .triton.runtime import interpreting
 
-RUNTIME = ("_rt_qweight", "_rt_scales", "_rt_zeros", "_rt_perm", "_rt_offsets", "_rt_lock")
+RUNTIME = ("_rt_qweight", "_rt_scales", "_rt_zeros", "_rt_perm", "_rt_offsets", "_rt_supers", "_rt_xorder",
+           "_rt_lock")
 MIN_TRITON = (3, 2)
 
 
@@ -185,7 +186,7 @@ class TritonQuantMixin:
         if self._rt_meta is None:
             raise RuntimeError(f"{type(self).__name__}: prepare() has not run")
         return Packed(self._rt_qweight, self._rt_scales, self._rt_zeros, self._rt_perm, *self._rt_meta,
-                      offsets=self._rt_offsets)
+                      offsets=self._rt_offsets, xorder=self._rt_xorder)
 
     # ------------------------------------------------------------------ forward
     def unfit_variants(self, m: int, device: torch.device) -> dict[str, str]:

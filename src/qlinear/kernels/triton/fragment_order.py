@@ -8,8 +8,6 @@ machines without Gluon, so nothing here imports it.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from .layout import Packed
@@ -21,40 +19,16 @@ GROUP = 32
 SUPER_ROWS = 256
 
 
-def _fragment_rows(rows: int, device: torch.device) -> torch.Tensor:
-    """``[rows]`` int64: the sorted row that fragment position ``i`` reads (see the module docstring); kept per
-    device, except while a CUDA graph is captured (its tensors live in the graph's pool)."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return _order(rows, device)
-    return _cached_order(rows, device)
-
-
-@functools.cache
-def _cached_order(rows: int, device: torch.device) -> torch.Tensor:
-    return _order(rows, device)
-
-
-def _order(rows: int, device: torch.device) -> torch.Tensor:
-    i = torch.arange(rows, device=device)
-    block, j, r = i // FRAGMENT_ROWS, i % FRAGMENT_ROWS // 8, i % 8
-    return block * FRAGMENT_ROWS + GROUP * (r // 4) + 4 * j + r % 4
-
-
 def fragment_input(x2: torch.Tensor, p: Packed) -> tuple[torch.Tensor, int]:
-    """``(x [M, KF] in fragment order, KF)``: ``KF`` = sorted rows rounded up to 64, padding reading 0."""
-    kf = -(-p.kp // FRAGMENT_ROWS) * FRAGMENT_ROWS
-    rows = _fragment_rows(kf, x2.device)
-    if p.perm is None and kf == p.k:
-        return x2.index_select(1, rows), kf
-    chan = torch.full((kf,), -1, dtype=torch.int64, device=x2.device)  # sorted row -> input channel (-1: none)
-    if p.perm is not None:
-        chan[:p.kp] = p.perm.long()
-    else:
-        chan[:p.k] = torch.arange(p.k, device=x2.device)
-    cols = chan[rows]
-    xf = x2.index_select(1, cols.clamp(min=0))
-    xf.masked_fill_((cols < 0)[None, :], 0)
-    return xf, kf
+    """``(x [M, KF] in fragment order, KF)`` through the layout's ``xorder``: one ``index_select``; padding rows
+    inside KP (irregular groups, K not a multiple of 32) are zeroed after it."""
+    if p.xorder is None:
+        raise ValueError("fragment_input: expected a layout of 4-bit words in groups of 32 (with an xorder)")
+    if p.kp == p.k:
+        return x2.index_select(1, p.xorder), p.xorder.numel()
+    xf = x2.index_select(1, p.xorder.clamp(min=0))
+    xf.masked_fill_((p.xorder < 0)[None, :], 0)
+    return xf, p.xorder.numel()
 
 
 def block_k_groups(p: Packed, block_k: int) -> int:

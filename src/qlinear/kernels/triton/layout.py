@@ -17,6 +17,10 @@
 * ``NP`` is N rounded up to 16: every row 64-byte aligned (vector loads, no N mask on whole tiles).
 * ``offsets [G, NP]`` float32, only for weights ``s * q + o`` with a float ``o`` (GGUF's Q4_1/Q4_K minimums,
   ``build_affine32``); then zeros are the constant 0 and the kernels add ``o`` per group.
+* ``xorder [KF]`` int32, only for 4-bit words in groups of exactly 32 (field blocks of 4 word rows): the input
+  channel that position ``i`` of gemm5's A fragment reads (``fragment_order.py``: ``KF`` = KP rounded up to 64;
+  padding rows inside KP are ``-1``, positions past KP, whose weights are 0, read channel 0). Built here, once,
+  so a forward gathers x with one ``index_select`` (also inside a CUDA graph).
 * ``supers [2 ceil(G / 8), NP]`` float32, only for K-quant super-blocks (``build_kquant``): scales and offsets
   are then the blocks' own uint8 sub-scales ``sc`` and mins ``m``, and the kernels take ``s = d sc`` and
   ``o = -dmin m`` with rows ``2i, 2i + 1`` = ``d, -dmin`` of super-group ``i = g // 8`` (exact in float32:
@@ -53,6 +57,7 @@ class Packed:
     rows_per_block: int
     offsets: torch.Tensor | None = None
     supers: torch.Tensor | None = None
+    xorder: torch.Tensor | None = None
 
     @property
     def kw(self) -> int:
@@ -70,7 +75,7 @@ class Packed:
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
         return {"qweight": self.qweight, "scales": self.scales, "zeros": self.zeros, "perm": self.perm,
-                "offsets": self.offsets, "supers": self.supers}
+                "offsets": self.offsets, "supers": self.supers, "xorder": self.xorder}
 
     def offset_arg(self) -> torch.Tensor:
         """The offsets pointer a launcher passes (the scales stand in when there are none; never read)."""
@@ -88,7 +93,7 @@ class Packed:
         cur = self.tensors()
         cur.update(tensors)
         return Packed(cur["qweight"], cur["scales"], cur["zeros"], cur["perm"], *self.meta(), offsets=cur["offsets"],
-                      supers=cur["supers"])
+                      supers=cur["supers"], xorder=cur["xorder"])
 
 
 def _round_up(v: int, m: int) -> int:
@@ -181,7 +186,25 @@ def build(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx:
         z[:, :n] = zeros.t().to(torch.uint8)
         zc = 0  # unused with a zeros tensor; one value keeps the compiled variants few
     words = pack_words(codes_kn, bits, rows)
-    return Packed(words, s, z, None if identity else perm.to(dev), bits, k, n, group, zc, rows)
+    xorder = fragment_x_order(None if identity else perm, k, kp).to(dev) if (bits, rows, group) == (4, 4, 32) else None
+    return Packed(words, s, z, None if identity else perm.to(dev), bits, k, n, group, zc, rows, xorder=xorder)
+
+
+#: sorted rows of one block of gemm5's A fragment (8 word rows of 8 fields) and of a group-32 field block
+FRAGMENT_ROWS = 64
+FRAGMENT_GROUP = 32
+
+
+def fragment_x_order(perm: torch.Tensor | None, k: int, kp: int) -> torch.Tensor:
+    """``xorder`` (see the module docstring): fragment position ``64 c + 8 j + r`` reads sorted row
+    ``64 c + 32 (r // 4) + 4 j + r % 4`` (field ``j`` of word row ``r`` in field blocks of 4), mapped through
+    ``perm`` (sorted row -> input channel)."""
+    kf = _round_up(kp, FRAGMENT_ROWS)
+    i = torch.arange(kf)
+    block, j, r = i // FRAGMENT_ROWS, i % FRAGMENT_ROWS // 8, i % 8
+    row = block * FRAGMENT_ROWS + FRAGMENT_GROUP * (r // 4) + 4 * j + r % 4
+    chan = perm.to(torch.int64).cpu() if perm is not None else torch.where(torch.arange(kp) < k, torch.arange(kp), -1)
+    return torch.where(row < kp, chan[row.clamp(max=kp - 1)], 0).to(torch.int32)
 
 
 def build_affine32(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, bits: int = 4) -> Packed:
@@ -193,7 +216,8 @@ def build_affine32(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Ten
               scale_dtype=torch.float32)
     o = torch.zeros(g, p.np, dtype=torch.float32, device=codes.device)
     o[:, :n] = offsets.t().float()
-    return Packed(p.qweight, p.scales, None, p.perm, bits, k, n, p.group, 0, p.rows_per_block, offsets=o)
+    return Packed(p.qweight, p.scales, None, p.perm, bits, k, n, p.group, 0, p.rows_per_block, offsets=o,
+                  xorder=p.xorder)
 
 
 def build_kquant(codes: torch.Tensor, sc: torch.Tensor, mins: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor,
@@ -217,7 +241,7 @@ def build_kquant(codes: torch.Tensor, sc: torch.Tensor, mins: torch.Tensor, d: t
     sup[:, 0, :n] = d.t().float()
     sup[:, 1, :n] = -dmin.t().float()
     return Packed(p.qweight, p.scales, None, p.perm, bits, k, n, p.group, 0, p.rows_per_block, offsets=o,
-                  supers=sup.reshape(2 * g8, p.np))
+                  supers=sup.reshape(2 * g8, p.np), xorder=p.xorder)
 
 
 def gather_cols(x2: torch.Tensor, p: Packed) -> torch.Tensor:
