@@ -6,8 +6,8 @@
 
 ``gemm5_g32.py`` measured gemm5 on GPTQ g32 about 33 us slower than on g128 at every M from 16 to 256 on
 4096x14336 (an H100, 2026-12-06): a cost per K step, not per row. This times the parts side by side (each
-checked against float64 first, as ``gemm5_g32.py``): ``fragment_input`` alone, gemm5 at K steps of 64/128/256
-codes (2/4/8 groups a step), with and without the 128-register cap, and gemm5 on the same weight in groups of
+checked against float64 first, as ``gemm5_g32.py``): ``fragment_input`` alone, gemm5 at K steps of 64/128
+codes (2/4 groups a step), with and without the 128-register cap, and gemm5 on the same weight in groups of
 128 with the same configs.
 """
 
@@ -69,7 +69,7 @@ def main() -> int:
         t_gather = timed([lambda x: fragment_input(x, p32)], x, 50)
         base = config(p32, m, "gemm5")
         tries = [("heuristic", base), ("bk64", replace(base, block_k=64)), ("bk128", replace(base, block_k=128)),
-                 ("bk256", replace(base, block_k=256)), ("no cap", replace(base, max_registers=0)),
+                 ("no cap", replace(base, max_registers=0)),
                  ("bn128 w4", replace(base, block_n=128, num_warps=4))]
         for name, cfg in tries:
             t32 = checked_us(p32, cfg, x, x.double() @ w32.t(), f"g32 M={m} {name}")

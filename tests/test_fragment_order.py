@@ -54,7 +54,7 @@ def _random_gptq(n: int, k: int, act_order: bool, asym: bool, gen: torch.Generat
 def test_fragment_order_reproduces_gptq_g32(k: int, act_order: bool, asym: bool) -> None:
     gen = torch.Generator().manual_seed(k)
     p, w64 = _random_gptq(24, k, act_order, asym, gen)
-    assert (p.rows_per_block, p.group) == (4, 32) and groups_reasons(p) == []
+    assert (p.rows_per_block, p.group) == (4, 32) and groups_reasons(p, 5) == []
     x = torch.randn(5, k, generator=gen, dtype=torch.float64)
     xf, kf = fragment_input(x, p)
     assert kf % 64 == 0 and tuple(xf.shape) == (5, kf)
@@ -76,7 +76,8 @@ def test_fragment_order_reproduces_the_kquant_form() -> None:
     x = torch.randn(3, k, generator=gen, dtype=torch.float64)
     xf, kf = fragment_input(x, p)
     assert torch.allclose(xf @ _emulated_weight(p, kf).t(), x @ w64.t(), rtol=1e-12, atol=1e-12)
-    assert block_k_groups(p, 512) == 256, "a K step stays inside one super-block (one d, -dmin pair)"
+    assert block_k_groups(p, 512) == 128 and block_k_groups(p, 32) == 64, "one or two fragment blocks a step"
+    assert groups_reasons(p, 1024) == [] and "M=1025 > 1024" in groups_reasons(p, 1025)[0]
 
 
 def test_fragment_order_refuses_what_it_cannot_take() -> None:
@@ -84,7 +85,7 @@ def test_fragment_order_refuses_what_it_cannot_take() -> None:
     codes = torch.randint(0, 16, (8, 192), generator=gen, dtype=torch.uint8)
     p = build(codes, torch.rand(8, 2), torch.full((8, 2), 8), torch.arange(192) // 96, 4)
     assert (p.rows_per_block, p.group) == (4, 96)
-    assert "groups of 96" in groups_reasons(p)[0]
+    assert "groups of 96" in groups_reasons(p, 5)[0]
     assert p.xorder is None, "only groups of exactly 32 carry the fragment order"
     with pytest.raises(ValueError, match="groups of 32"):
         fragment_input(torch.zeros(1, 192), p)

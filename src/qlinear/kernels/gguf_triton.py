@@ -51,7 +51,7 @@ MAX_DENSE = 1 << 26
 #: first where it fits (sm_90, 16-bit activations); the rest are the order where it does not. Each variant is
 #: skipped where it cannot run this layer.
 OFFSET_TABLE_M = 8
-OFFSET_CROSSOVERS = {"gemv_tc": 16, "gemm5": 4096, "skinny2": 32, "gemm2": 64}
+OFFSET_CROSSOVERS = {"gemm5": 1024, "gemv_tc": 16, "skinny2": 32, "gemm2": 64}
 #: GPTQ variants without an additive per-group offset (the affine runtime needs one)
 NO_OFFSETS = ("skinny", "skinny3", "gemm", "gemm4", "gemm3")
 AFFINE_BUFFERS = ("_af_qweight", "_af_scales", "_af_offsets", "_af_supers", "_af_perm", "_af_xorder")

@@ -17,6 +17,11 @@ FRAGMENT_ROWS = 64
 GROUP = 32
 #: K-quant super-block: every K step must lie inside one (``layout.SUPER_GROUPS`` groups of 32)
 SUPER_ROWS = 256
+#: the largest K step over groups of 32 (``block_k_groups``)
+MAX_BLOCK_K = 128
+#: the largest M gemm5 serves over groups of 32: on an H100 (results/h100-gemm5_g32-2026-12-06.md) it beat dense
+#: at M=1024 on 4096x14336 and 14336x4096 (188 / 196 us against 223 / 201) and lost at 4096 by 9-18 %
+MAX_M = 1024
 
 
 def fragment_input(x2: torch.Tensor, p: Packed) -> tuple[torch.Tensor, int]:
@@ -24,6 +29,11 @@ def fragment_input(x2: torch.Tensor, p: Packed) -> tuple[torch.Tensor, int]:
     inside KP (irregular groups, K not a multiple of 32) are zeroed after it."""
     if p.xorder is None:
         raise ValueError("fragment_input: expected a layout of 4-bit words in groups of 32 (with an xorder)")
+    m, k = x2.shape
+    if p.perm is None and k == p.kp and k % FRAGMENT_ROWS == 0:
+        # plain order: position 64 c + 8 j + 4 b + w reads row 64 c + 32 b + 4 j + w, a transpose of two axes;
+        # one strided copy (index_select along dim 1 took 9.9 us at M=16 on an H100, results/h100-gemm5-*)
+        return x2.reshape(m, k // FRAGMENT_ROWS, 2, 8, 4).transpose(2, 3).reshape(m, k), k
     if p.kp == p.k:
         return x2.index_select(1, p.xorder), p.xorder.numel()
     xf = x2.index_select(1, p.xorder.clamp(min=0))
@@ -32,14 +42,22 @@ def fragment_input(x2: torch.Tensor, p: Packed) -> tuple[torch.Tensor, int]:
 
 
 def block_k_groups(p: Packed, block_k: int) -> int:
-    """The K step over groups of 32: whole fragment blocks, inside one K-quant super-block."""
-    bk = max(FRAGMENT_ROWS, block_k // FRAGMENT_ROWS * FRAGMENT_ROWS)
-    return min(bk, SUPER_ROWS) if p.supers is not None else bk
+    """The K step over groups of 32: one or two fragment blocks. Four groups a step at most: the group rows
+    arrive as one ``[NG, BN]`` TMA box in the 128-byte swizzle, and Gluon cannot slice a row out of an 8-row
+    swizzle pattern (bk = 256 failed to compile on the H100, 2026-12-06); a K-quant super-block (256) then
+    always holds a step."""
+    return max(FRAGMENT_ROWS, min(MAX_BLOCK_K, block_k) // FRAGMENT_ROWS * FRAGMENT_ROWS)
 
 
-def groups_reasons(p: Packed) -> list[str]:
-    """Why gemm5 cannot take these field blocks ([] when it can: 8 word rows, or 4 in groups of exactly 32)."""
-    if p.rows_per_block == 8 or (p.rows_per_block == 4 and p.group == GROUP):
+def groups_reasons(p: Packed, m: int) -> list[str]:
+    """Why gemm5 cannot take these field blocks for M rows ([] when it can: 8 word rows; or 4 in groups of
+    exactly 32 up to ``MAX_M``)."""
+    if p.rows_per_block == 8:
         return []
-    return [f"field blocks of {p.rows_per_block} word rows in groups of {p.group} (the A-fragment layout takes "
-            f"8, or 4 in groups of exactly {GROUP} through x in fragment order)"]
+    if p.rows_per_block != 4 or p.group != GROUP:
+        return [f"field blocks of {p.rows_per_block} word rows in groups of {p.group} (the A-fragment layout "
+                f"takes 8, or 4 in groups of exactly {GROUP} through x in fragment order)"]
+    if m > MAX_M:
+        return [f"M={m} > {MAX_M} over groups of {GROUP} (dense measured faster at M=4096 on GPTQ g32, "
+                "results/h100-gemm5_g32-2026-12-06.md)"]
+    return []

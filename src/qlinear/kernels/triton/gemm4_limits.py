@@ -41,7 +41,7 @@ def gemm4_reasons(p: Packed, m: int, dtype: torch.dtype, capability: tuple[int, 
     call ([] when it can); ``capability`` None: no CUDA device."""
     out = [r for r in skinny3_reasons(p, m, dtype, variant, capability) if not r.startswith("compute")]
     if variant == "gemm5":  # offsets and groups of 32 through x in fragment order (fragment.py)
-        out = [r for r in out if not r.startswith("additive offsets")] + groups_reasons(p)
+        out = [r for r in out if not r.startswith("additive offsets")] + groups_reasons(p, m)
     elif p.rows_per_block != 8:
         out.append(f"field blocks of {p.rows_per_block} word rows (the A-fragment layout needs 8: group % 64)")
     if capability is None or capability[0] != 9:
