@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_linear import DEV, copies, our_fns, timed
 from qlinear.kernels.triton.configs import Config
+from qlinear.kernels.triton.fragment_order import MAX_M
 from qlinear.kernels.triton.layout import Packed, build
 from qlinear.kernels.triton_gptq import fitted_config
 
@@ -73,9 +74,10 @@ def main() -> int:
                 want = x.double() @ w64.t()
                 t_bf16 = timed([lambda x, w=w: torch.nn.functional.linear(x, w) for w in dense], x, 20)
                 c5, old, now = config(p, m, "gemm5"), config(p, m, exclude=("gemm5",)), config(p, m)
-                t5 = checked_us(p, c5, x, want, f"{shape} M={m} gemm5")
+                fits = m <= MAX_M  # above it gemm5 refuses groups of 32 (fragment_order.MAX_M)
+                t5 = checked_us(p, c5, x, want, f"{shape} M={m} gemm5") if fits else float("nan")
                 t_old = checked_us(p, old, x, want, f"{shape} M={m} {old.variant}")
-                t_now = t5 if now == c5 else checked_us(p, now, x, want, f"{shape} M={m} default {now.variant}")
+                t_now = t5 if fits and now == c5 else checked_us(p, now, x, want, f"{shape} M={m} default {now.variant}")
                 print(f"| {shape} | {'asym' if asym else 'sym'} | {m} | {t_bf16:.1f} | {t5:.1f} ({t_bf16 / t5:.2f}x) | "
                       f"{old.variant} {t_old:.1f} ({t_bf16 / t_old:.2f}x) | {now.variant} {t_now:.1f} |", flush=True)
         del dense
