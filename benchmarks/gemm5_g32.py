@@ -77,7 +77,8 @@ def main() -> int:
                 fits = m <= MAX_M  # above it gemm5 refuses groups of 32 (fragment_order.MAX_M)
                 t5 = checked_us(p, c5, x, want, f"{shape} M={m} gemm5") if fits else float("nan")
                 t_old = checked_us(p, old, x, want, f"{shape} M={m} {old.variant}")
-                t_now = t5 if fits and now == c5 else checked_us(p, now, x, want, f"{shape} M={m} default {now.variant}")
+                what = f"{shape} M={m} default {now.variant}"
+                t_now = t5 if fits and now == c5 else checked_us(p, now, x, want, what)
                 print(f"| {shape} | {'asym' if asym else 'sym'} | {m} | {t_bf16:.1f} | {t5:.1f} ({t_bf16 / t5:.2f}x) | "
                       f"{old.variant} {t_old:.1f} ({t_bf16 / t_old:.2f}x) | {now.variant} {t_now:.1f} |", flush=True)
         del dense
