@@ -28,6 +28,10 @@ CASES = {
     "gemm5-g32-64x64x128-w4-split-kquant-r128": ("gemm5", (64, 64, 128, 4, True, False, 128, "kquant")),
     "gemm5-g32-128x128x64-w8-affine32": ("gemm5", (128, 128, 64, 8, False, False, 0, "affine32")),
     "gemm5-g32-64x64x128-w4-kquant-f16-r128": ("gemm5", (64, 64, 128, 4, False, False, 128, "kquant-f16")),
+    # 8-bit words (fragment8.py): GPTQ 8-bit g128 with zeros; GGUF Q8_0's form (g32, zero 128); float16 activations
+    "gemm5-8bit-16x128x128-w4-zeros-r128": ("gemm5", (16, 128, 128, 4, False, True, 128, "gptq8")),
+    "gemm5-8bit-g32-64x64x128-w4-split-r128": ("gemm5", (64, 64, 128, 4, True, False, 128, "q8_0")),
+    "gemm5-8bit-128x128x64-w8-zeros-f16": ("gemm5", (128, 128, 64, 8, False, True, 0, "gptq8-f16")),
 }
 
 
@@ -62,22 +66,25 @@ def compile4(block_m: int, block_n: int, block_k: int, warps: int, split: bool, 
 def compile5(block_m: int, block_n: int, block_k: int, warps: int, split: bool, has_z: bool,
              max_registers: int, form: str = "gptq") -> object:
     """``form``: gptq (groups of 128), g32 (groups of 32), kquant (uint8 sub-scales and mins, float32 super pairs),
-    affine32 (float32 scales and offsets); a ``-f16`` suffix takes float16 activations."""
+    affine32 (float32 scales and offsets), gptq8 (8-bit, groups of 128), q8_0 (8-bit, groups of 32, zero 128); a
+    ``-f16`` suffix takes float16 activations."""
     from qlinear.kernels.triton.qmm5 import _descriptor, qmm5_kernel
 
     act = torch.float16 if form.endswith("-f16") else torch.bfloat16
     form = form.removesuffix("-f16")
-    gs = 128 if form == "gptq" else 32
+    gs = 128 if form in ("gptq", "gptq8") else 32
+    bits = 8 if form in ("gptq8", "q8_0") else 4
     ng = max(1, block_k // gs)
     s_dtype = {"kquant": torch.uint8, "affine32": torch.float32}.get(form, torch.float16)
     tensors = {"x_desc": (torch.empty(256, 4096, dtype=act), [block_m, block_k]),
-               "w_desc": (torch.empty(512, 4096, dtype=torch.int32), [block_k // 8, block_n]),
+               "w_desc": (torch.empty(1024, 4096, dtype=torch.int32), [block_k * bits // 32, block_n]),
                "s_desc": (torch.empty(128, 4096, dtype=s_dtype), [ng, block_n]),
                "z_desc": (torch.empty(128, 4096, dtype=torch.uint8 if has_z else s_dtype), [ng, block_n]),
                "o_desc": (torch.empty(128, 4096, dtype=s_dtype), [ng, block_n]),
                "u_desc": (torch.empty(32, 4096, dtype=torch.float32), [2, block_n])}
     descs = {name: _descriptor(t, block) for name, (t, block) in tensors.items()}
-    consts = dict(GS=gs, ZC=8 if form in ("gptq", "g32") else 0, HAS_Z=has_z, HAS_OFF=form in ("kquant", "affine32"),
+    zc = {"gptq": 8, "g32": 8, "gptq8": 128, "q8_0": 128}.get(form, 0)
+    consts = dict(GS=gs, BITS=bits, ZC=zc, HAS_Z=has_z, HAS_OFF=form in ("kquant", "affine32"),
                   HAS_SUP=form == "kquant", HAS_BIAS=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                   STAGES=4, SPLIT=split, LOADER_REGS=40)
     dt = "*fp16" if act == torch.float16 else "*bf16"

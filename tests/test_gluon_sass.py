@@ -159,7 +159,8 @@ def test_gemm4_compiles_for_sm90_without_wgmma_register_hazards(sass: dict[str, 
 @pytest.mark.parametrize("case", ["gemm5-16x128x128-w4-r128", "gemm5-128x128x64-w8-split-zeros",
                                   "gemm5-64x64x128-w4-split-zeros-r128", "gemm5-g32-16x128x128-w4-zeros-r128",
                                   "gemm5-g32-64x64x128-w4-split-kquant-r128", "gemm5-g32-128x128x64-w8-affine32",
-                                  "gemm5-g32-64x64x128-w4-kquant-f16-r128"])
+                                  "gemm5-g32-64x64x128-w4-kquant-f16-r128", "gemm5-8bit-16x128x128-w4-zeros-r128",
+                                  "gemm5-8bit-g32-64x64x128-w4-split-r128", "gemm5-8bit-128x128x64-w8-zeros-f16"])
 def test_gemm5_compiles_for_sm90_pipelined_and_without_hazards(sass: dict[str, str], case: str) -> None:
     code = sass[case]
     hgmma = len(re.findall(r"\bHGMMA\.", code))

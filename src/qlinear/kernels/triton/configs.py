@@ -316,8 +316,8 @@ def legal(cfg: Config, m: int, k: int, bits: int) -> Config:
         cfg = replace(cfg, block_n=128 * cfg.num_warps)
     stages = cfg.num_stages
     if cfg.variant != "gemv":  # keep the pipeline's A and B tiles inside Hopper's 227 KiB of shared memory
-        # gemm4's weight tile never enters shared memory; gemm5's takes half a byte a code, not two
-        bn = {"gemm4": 0, "gemm5": cfg.block_n // 4}.get(cfg.variant, cfg.block_n)
+        # gemm4's weight tile never enters shared memory; gemm5's takes bits / 8 bytes a code, not two
+        bn = {"gemm4": 0, "gemm5": cfg.block_n * bits // 16}.get(cfg.variant, cfg.block_n)
         while stages > 2 and stages * (bm * bk + bk * bn) * 2 > SMEM_BUDGET:
             stages -= 1
         while bk > max(16, pf) and stages * (bm * bk + bk * bn) * 2 > SMEM_BUDGET:

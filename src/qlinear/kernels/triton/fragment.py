@@ -65,12 +65,13 @@ def _row_at(ring, slot, t: gl.constexpr, r_layout: gl.constexpr, w_layout: gl.co
 
 
 @gluon.jit
-def rows_params(ss, zs, os, us, slot, live, NG: gl.constexpr, HAS_Z: gl.constexpr, HAS_OFF: gl.constexpr,
-                HAS_SUP: gl.constexpr, BLOCK_N: gl.constexpr, BKW: gl.constexpr, r_layout: gl.constexpr,
-                w_layout: gl.constexpr):
-    """Scale, zero and offset (float32 ``[BN, BKW]``) of every word of a step spanning ``NG`` groups of 32: word
-    row ``r`` takes group ``r // 4``. A padded step (``live`` false) gets scale and offset 0: it adds nothing."""
-    grp = gl.arange(0, BKW, layout=gl.SliceLayout(0, w_layout)) // 4
+def rows_params(ss, zs, os, us, slot, live, NG: gl.constexpr, RPG: gl.constexpr, HAS_Z: gl.constexpr,
+                HAS_OFF: gl.constexpr, HAS_SUP: gl.constexpr, BLOCK_N: gl.constexpr, BKW: gl.constexpr,
+                r_layout: gl.constexpr, w_layout: gl.constexpr):
+    """Scale, zero and offset (float32 ``[BN, BKW]``) of every word of a step spanning ``NG`` groups: word row
+    ``r`` takes group ``r // RPG`` (4-bit in 4-row blocks: 4; 8-bit g32: 8). A padded step (``live`` false) gets
+    scale and offset 0: it adds nothing."""
+    grp = gl.arange(0, BKW, layout=gl.SliceLayout(0, w_layout)) // RPG
     grp = gl.broadcast(grp[None, :], gl.zeros([BLOCK_N, BKW], gl.int32, w_layout))[0]
     zero = gl.zeros([BLOCK_N, BKW], gl.float32, w_layout)
     s2, z2, o2 = zero, zero, zero

@@ -49,9 +49,27 @@ def block_k_groups(p: Packed, block_k: int) -> int:
     return max(FRAGMENT_ROWS, min(MAX_BLOCK_K, block_k) // FRAGMENT_ROWS * FRAGMENT_ROWS)
 
 
+def block_k_bytes(p: Packed, block_k: int) -> int:
+    """gemm5's K step over 8-bit words: whole 64-code steps (two 32-code field blocks), four groups of 32 at most
+    (as ``block_k_groups``), else dividing the group so each step reads one scale row."""
+    bk = max(FRAGMENT_ROWS, block_k // FRAGMENT_ROWS * FRAGMENT_ROWS)
+    if p.group == GROUP:
+        return min(bk, MAX_BLOCK_K)
+    while bk > FRAGMENT_ROWS and p.group % bk:
+        bk -= FRAGMENT_ROWS
+    return bk
+
+
 def groups_reasons(p: Packed, m: int) -> list[str]:
-    """Why gemm5 cannot take these field blocks for M rows ([] when it can: 8 word rows; or 4 in groups of
-    exactly 32 up to ``MAX_M``)."""
+    """Why gemm5 cannot take these words for M rows ([] when it can: 4-bit in 8-row field blocks, or in 4-row
+    ones over groups of exactly 32 up to ``MAX_M``; 8-bit in 8-row field blocks over groups of 32 or of a multiple
+    of 64, without additive offsets)."""
+    if p.bits == 8:
+        out = ["additive offsets on 8-bit words"] if p.offsets is not None else []
+        if p.rows_per_block != 8 or (p.group != GROUP and p.group % FRAGMENT_ROWS):
+            out.append(f"8-bit field blocks of {p.rows_per_block} word rows in groups of {p.group} (gemm5 takes 8 "
+                       f"word rows in groups of {GROUP} or of a multiple of {FRAGMENT_ROWS})")
+        return out
     if p.rows_per_block == 8:
         return []
     if p.rows_per_block != 4 or p.group != GROUP:

@@ -40,8 +40,9 @@ def gemm4_reasons(p: Packed, m: int, dtype: torch.dtype, capability: tuple[int, 
     """Why ``gemm4`` (or ``gemm5``: the same product and layouts, loads on a warp of their own) cannot run this
     call ([] when it can); ``capability`` None: no CUDA device."""
     out = [r for r in skinny3_reasons(p, m, dtype, variant, capability) if not r.startswith("compute")]
-    if variant == "gemm5":  # offsets and groups of 32 through x in fragment order (fragment.py)
-        out = [r for r in out if not r.startswith("additive offsets")] + groups_reasons(p, m)
+    if variant == "gemm5":  # offsets, groups of 32 through x in fragment order (fragment.py), 8-bit (fragment8.py)
+        out = [r for r in out if not r.startswith(("additive offsets", "8-bit words", "field blocks"))]
+        out += groups_reasons(p, m)
     elif p.rows_per_block != 8:
         out.append(f"field blocks of {p.rows_per_block} word rows (the A-fragment layout needs 8: group % 64)")
     if capability is None or capability[0] != 9:

@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from .configs import Config
 from .fragment import to_fragment
-from .fragment_order import block_k_groups, fragment_input
+from .fragment_order import block_k_bytes, block_k_groups, fragment_input
 from .gemm4_limits import gemm4_reasons
 from .layout import Packed, sorted_input
 from .qmm3 import ASM_BF16, ASM_F16, block_k3
@@ -246,7 +246,10 @@ def gluon_inputs(x2: torch.Tensor, p: Packed, cfg: Config) -> tuple[torch.Tensor
     why = gemm4_reasons(p, x2.shape[0], x2.dtype, capability(x2.device), cfg.variant)
     if why:
         raise ValueError(f"{cfg.variant} cannot run this call: " + "; ".join(why))
-    if p.rows_per_block == 8:
+    if p.bits == 8:  # fragment8.py: 8-row field blocks of 32 codes, x in sorted order
+        x2, kx = sorted_input(x2, p)
+        bk = block_k_bytes(p, cfg.block_k)
+    elif p.rows_per_block == 8:
         x2, kx = sorted_input(x2, p)
         bk = block_k3(p, cfg.block_k)
     else:  # groups of 32 (fragment.py)

@@ -23,6 +23,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup
 
 from .configs import Config
 from .fragment import dequant_rows, rows_params
+from .fragment8 import dequant8
 from .fragment_order import SUPER_ROWS
 from .layout import Packed
 from .qmm4 import _dequant, _epilogue, code_layout, gluon_inputs, mma_layout, tma_load
@@ -54,11 +55,10 @@ def slot_rows(box_bytes: int, box_rows: int = 1) -> int:
 @gluon.jit
 def _loader(x_desc, w_desc, s_desc, z_desc, o_desc, u_desc, xs, ws, ss, zs, os, us, full, empty, m0, n0, kb0,
             steps2, GS: gl.constexpr, NG: gl.constexpr, HAS_Z: gl.constexpr, HAS_OFF: gl.constexpr,
-            HAS_SUP: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
+            HAS_SUP: gl.constexpr, BLOCK_K: gl.constexpr, BKW: gl.constexpr, STAGES: gl.constexpr):
     """Step ``i``'s x tile, words and ``NG`` group rows (offsets and the super pair with them) into slot
     ``i % STAGES`` once the consumers released it. Past K (or the last group) TMA fills zeros; a pair's extra
     step inside K loads real data the consumers zero."""
-    BKW: gl.constexpr = BLOCK_K // 8
     nbytes: gl.constexpr = (x_desc.block_type.nbytes + w_desc.block_type.nbytes + s_desc.block_type.nbytes
                             + (z_desc.block_type.nbytes if HAS_Z else 0) + (o_desc.block_type.nbytes if HAS_OFF else 0)
                             + (u_desc.block_type.nbytes if HAS_SUP else 0))
@@ -89,21 +89,25 @@ def _row(ring, slot, r_layout: gl.constexpr, w_layout: gl.constexpr, BLOCK_N: gl
 
 @gluon.jit
 def _consume(acc, i, steps, xs, ws, ss, zs, os, us, full, empty, ZC: gl.constexpr, NG: gl.constexpr,
-             HAS_Z: gl.constexpr, HAS_OFF: gl.constexpr, HAS_SUP: gl.constexpr, BLOCK_N: gl.constexpr,
-             BLOCK_K: gl.constexpr, STAGES: gl.constexpr, a_layout: gl.constexpr, w_layout: gl.constexpr,
-             r_layout: gl.constexpr):
+             RPG: gl.constexpr, BITS: gl.constexpr, HAS_Z: gl.constexpr, HAS_OFF: gl.constexpr,
+             HAS_SUP: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+             a_layout: gl.constexpr, w_layout: gl.constexpr, r_layout: gl.constexpr):
     """Step ``i``: dequantize slot ``i`` (while wgmma ``i - 1`` runs), issue wgmma ``i``, wait for ``i - 1`` and
     release its slot. Called twice per loop body, as gemm4's ``_step``, so each step's A registers are its own."""
     slot = i % STAGES
     mbarrier.wait(full.index(slot), (i // STAGES) & 1)
     w = ws.index(slot).permute((1, 0)).load(w_layout)
-    if NG == 1:
+    if BITS == 8:  # four fields a word (fragment8.py); a step's group rows by word row as over groups of 32
+        s2, z2, o2 = rows_params(ss, zs, os, us, slot, i < steps, NG, RPG, HAS_Z, False, False, BLOCK_N,
+                                 BLOCK_K // 4, r_layout, w_layout)
+        a = dequant8(w, s2, z2, ZC, HAS_Z, BLOCK_N, BLOCK_K, a_layout, xs.dtype)
+    elif NG == 1:
         s = _row(ss, slot, r_layout, w_layout, BLOCK_N)
         s = gl.where(i < steps, s, gl.zeros_like(s))  # a pair's extra step adds nothing
         z = _row(zs, slot, r_layout, w_layout, BLOCK_N) if HAS_Z else s
         a = _dequant(w, s, z, ZC, HAS_Z, BLOCK_N, BLOCK_K, a_layout, xs.dtype)
     else:  # groups of 32: x in fragment order, a group per 4 word rows (fragment.py)
-        s2, z2, o2 = rows_params(ss, zs, os, us, slot, i < steps, NG, HAS_Z, HAS_OFF, HAS_SUP, BLOCK_N,
+        s2, z2, o2 = rows_params(ss, zs, os, us, slot, i < steps, NG, RPG, HAS_Z, HAS_OFF, HAS_SUP, BLOCK_N,
                                  BLOCK_K // 8, r_layout, w_layout)
         a = dequant_rows(w, s2, z2, o2, ZC, HAS_Z, HAS_OFF, BLOCK_N, BLOCK_K, a_layout, xs.dtype)
     acc = warpgroup_mma(a, xs.index(slot).permute((1, 0)), acc, is_async=True)
@@ -114,23 +118,24 @@ def _consume(acc, i, steps, xs, ws, ss, zs, os, us, full, empty, ZC: gl.constexp
 
 @gluon.jit
 def _consumer(xs, ws, ss, zs, os, us, full, empty, steps, steps2, ZC: gl.constexpr, NG: gl.constexpr,
-              HAS_Z: gl.constexpr, HAS_OFF: gl.constexpr, HAS_SUP: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
+              RPG: gl.constexpr, BITS: gl.constexpr, HAS_Z: gl.constexpr, HAS_OFF: gl.constexpr,
+              HAS_SUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+              STAGES: gl.constexpr):
     NW: gl.constexpr = gl.num_warps()
     acc_layout: gl.constexpr = mma_layout(BLOCK_M, NW)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    w_layout: gl.constexpr = code_layout(BLOCK_N, BLOCK_K // 8, NW)
+    w_layout: gl.constexpr = code_layout(BLOCK_N, BLOCK_K * BITS // 32, NW)
     r_layout: gl.constexpr = row_layout(BLOCK_N, NW)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
     # the first pair outside the loop: no path reaches the final wait with only the zeros (see the docstring)
-    acc = _consume(acc, 0, steps, xs, ws, ss, zs, os, us, full, empty, ZC, NG, HAS_Z, HAS_OFF, HAS_SUP, BLOCK_N,
-                   BLOCK_K, STAGES, a_layout, w_layout, r_layout)
-    acc = _consume(acc, 1, steps, xs, ws, ss, zs, os, us, full, empty, ZC, NG, HAS_Z, HAS_OFF, HAS_SUP, BLOCK_N,
-                   BLOCK_K, STAGES, a_layout, w_layout, r_layout)
+    acc = _consume(acc, 0, steps, xs, ws, ss, zs, os, us, full, empty, ZC, NG, RPG, BITS, HAS_Z, HAS_OFF,
+                   HAS_SUP, BLOCK_N, BLOCK_K, STAGES, a_layout, w_layout, r_layout)
+    acc = _consume(acc, 1, steps, xs, ws, ss, zs, os, us, full, empty, ZC, NG, RPG, BITS, HAS_Z, HAS_OFF,
+                   HAS_SUP, BLOCK_N, BLOCK_K, STAGES, a_layout, w_layout, r_layout)
     for i in range(2, steps2, 2):
-        acc = _consume(acc, i, steps, xs, ws, ss, zs, os, us, full, empty, ZC, NG, HAS_Z, HAS_OFF, HAS_SUP,
-                       BLOCK_N, BLOCK_K, STAGES, a_layout, w_layout, r_layout)
-        acc = _consume(acc, i + 1, steps, xs, ws, ss, zs, os, us, full, empty, ZC, NG, HAS_Z, HAS_OFF,
+        acc = _consume(acc, i, steps, xs, ws, ss, zs, os, us, full, empty, ZC, NG, RPG, BITS, HAS_Z, HAS_OFF,
+                       HAS_SUP, BLOCK_N, BLOCK_K, STAGES, a_layout, w_layout, r_layout)
+        acc = _consume(acc, i + 1, steps, xs, ws, ss, zs, os, us, full, empty, ZC, NG, RPG, BITS, HAS_Z, HAS_OFF,
                        HAS_SUP, BLOCK_N, BLOCK_K, STAGES, a_layout, w_layout, r_layout)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     return (acc,)
@@ -138,15 +143,17 @@ def _consumer(xs, ws, ss, zs, os, us, full, empty, steps, steps2, ZC: gl.constex
 
 @gluon.jit
 def qmm5_kernel(x_desc, w_desc, s_desc, z_desc, o_desc, u_desc, BIAS, Y, PART, LOCK, M, N, KW, SPLIT_K, stride_ym,
-                GS: gl.constexpr, ZC: gl.constexpr, HAS_Z: gl.constexpr, HAS_OFF: gl.constexpr,
-                HAS_SUP: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                BLOCK_K: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr):
+                GS: gl.constexpr, BITS: gl.constexpr, ZC: gl.constexpr, HAS_Z: gl.constexpr,
+                HAS_OFF: gl.constexpr, HAS_SUP: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr,
+                LOADER_REGS: gl.constexpr):
     """Grid and split-K as ``qmm4_kernel``; ``BLOCK_N`` channels of ``num_warps`` consumer warps plus one loader.
     A step spans ``NG`` groups: 1, or ``BLOCK_K / 32`` over groups of 32 (``fragment.py``: x in fragment order,
     additive offsets ``o_desc`` and K-quant super pairs ``u_desc`` only there)."""
     NW: gl.constexpr = gl.num_warps()
-    BKW: gl.constexpr = BLOCK_K // 8
+    BKW: gl.constexpr = BLOCK_K * BITS // 32
     NG: gl.constexpr = BLOCK_K // GS if BLOCK_K > GS else 1
+    RPG: gl.constexpr = GS * BITS // 32 if NG > 1 else BKW  # word rows a group row covers inside a step
     tiles_m = gl.cdiv(M, BLOCK_M)
     pid = gl.program_id(0)
     m0 = (pid % tiles_m) * BLOCK_M
@@ -173,10 +180,10 @@ def qmm5_kernel(x_desc, w_desc, s_desc, z_desc, o_desc, u_desc, BIAS, Y, PART, L
         mbarrier.init(full.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     (acc,) = gl.warp_specialize(
-        [(_consumer, (xs, ws, ss, zs, os, us, full, empty, steps, steps2, ZC, NG, HAS_Z, HAS_OFF, HAS_SUP,
-                      BLOCK_M, BLOCK_N, BLOCK_K, STAGES)),
+        [(_consumer, (xs, ws, ss, zs, os, us, full, empty, steps, steps2, ZC, NG, RPG, BITS, HAS_Z, HAS_OFF,
+                      HAS_SUP, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)),
          (_loader, (x_desc, w_desc, s_desc, z_desc, o_desc, u_desc, xs, ws, ss, zs, os, us, full, empty, m0, n0,
-                    kb0, steps2, GS, NG, HAS_Z, HAS_OFF, HAS_SUP, BLOCK_K, STAGES))], [1], [LOADER_REGS])
+                    kb0, steps2, GS, NG, HAS_Z, HAS_OFF, HAS_SUP, BLOCK_K, BKW, STAGES))], [1], [LOADER_REGS])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(full.index(i))
         mbarrier.invalidate(empty.index(i))
@@ -203,7 +210,7 @@ def _weight_descriptors(p: Packed, bk: int, bn: int, c0: int = 0) -> tuple:
     layout lacks are stood in for by the scales (never read)."""
     ng = bk // p.group if bk > p.group else 1
     s = _descriptor(p.scales[:, c0:], [ng, bn])
-    return (_descriptor(p.qweight[:, c0:], [bk // 8, bn]), s,
+    return (_descriptor(p.qweight[:, c0:], [bk * p.bits // 32, bn]), s,
             _descriptor(p.zeros[:, c0:], [ng, bn]) if p.zeros is not None else s,
             _descriptor(p.offsets[:, c0:], [ng, bn]) if p.offsets is not None else s,
             _descriptor(p.supers[:, c0:], [2, bn]) if p.supers is not None else s)
@@ -259,7 +266,7 @@ def resident(cfg: Config, block_k: int, p: Packed) -> int:
         row += max(128, ng * cfg.block_n * p.offsets.element_size())
     if p.supers is not None:
         row += 2 * cfg.block_n * p.supers.element_size()
-    ring = cfg.num_stages * (cfg.block_m * block_k * 2 + block_k // 8 * cfg.block_n * 4 + row)
+    ring = cfg.num_stages * (cfg.block_m * block_k * 2 + block_k * p.bits // 8 * cfg.block_n + row)
     return max(1, min(2 if cfg.max_registers else 1, SM_SHARED // (ring + 2048)))
 
 
@@ -272,7 +279,7 @@ def _launch(descs: tuple, p: Packed, cfg: Config, m: int, n: int, split: int, bi
     part = torch.empty((split, m, n), dtype=torch.float32, device=y.device) if split > 1 else y
     qmm5_kernel[(tiles, split)](
         *descs, bias if bias is not None else y, y, part, lock if lock is not None else p.qweight, m, n, p.kw,
-        split, y.stride(0), GS=p.group, ZC=p.zero_const, HAS_Z=p.zeros is not None, HAS_OFF=p.offsets is not None,
-        HAS_SUP=p.supers is not None, HAS_BIAS=bias is not None,
+        split, y.stride(0), GS=p.group, BITS=p.bits, ZC=p.zero_const, HAS_Z=p.zeros is not None,
+        HAS_OFF=p.offsets is not None, HAS_SUP=p.supers is not None, HAS_BIAS=bias is not None,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=cfg.num_stages, SPLIT=split > 1, LOADER_REGS=LOADER_REGISTERS,
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}), num_warps=cfg.num_warps)
