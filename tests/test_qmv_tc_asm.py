@@ -74,6 +74,13 @@ def run_asm(asm: str, regs: list[dict[str, float | int]], bf16: bool) -> None:
                     r = torch.tensor(x * y + z, dtype=torch.float64).to(torch.bfloat16 if bf16 else torch.float16)
                     out.append(int(r.view(torch.int16)) & 0xFFFF)
                 lane[args[0]] = out[0] | out[1] << 16
+            elif op.startswith(("sub.", "add.", "mul.rn.")):  # packed halves, each rounded to the pair's type
+                fn = {"sub": lambda a, b: a - b, "add": lambda a, b: a + b, "mul": lambda a, b: a * b}[op[:3]]
+                out = []
+                for x, y in zip(*(halves(val(lane, v), bf16) for v in args[1:3]), strict=True):
+                    r = torch.tensor(fn(x, y), dtype=torch.float64).to(torch.bfloat16 if bf16 else torch.float16)
+                    out.append(int(r.view(torch.int16)) & 0xFFFF)
+                lane[args[0]] = out[0] | out[1] << 16
             elif op == "prmt.b32":
                 pool = (val(lane, args[1]) & 0xFFFFFFFF) | (val(lane, args[2]) & 0xFFFFFFFF) << 32
                 sel = val(lane, args[3])
