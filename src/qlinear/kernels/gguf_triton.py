@@ -83,8 +83,8 @@ class GGUFTritonKernel(GGUFQuantLinear):
         qt = gguf.ggml_type(s.qtype) if s.qtype is not None else None
         if qt is None or not lossless_runtime(qt, s.in_features, problem.dtype):
             return blocks
-        form = ("its own fields: 4.75 bits a weight; gemv_tc / gemv, skinny2, gemm2, then dequantize + cuBLAS, each "
-                "with an additive offset per 32" if qt is T.Q4_K else
+        form = ("its own fields: 4.75 bits a weight; gemv_tc / gemv, gemm5 on sm_90 up to M = 1024 (else skinny2, "
+                "gemm2), then dequantize + cuBLAS, each with an additive offset per 32" if qt is T.Q4_K else
                 "GPTQ 8-bit g32 with zero 128 and d as the float16 scale: 8.5 bits a weight, as the blocks; the "
                 "GPTQ variants by M")
         return (f"{qt.name} re-laid at load for the GPTQ Triton kernels ({form}; lossless: the blocks are dropped and "
