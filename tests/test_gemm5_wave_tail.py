@@ -37,7 +37,7 @@ def test_wave_tail_takes_whole_columns_that_fit_one_wave_split(tiles_m: int, til
 
 def test_resident_counts_two_ctas_only_under_the_register_cap() -> None:
     qmm5 = _qmm5()
-    p = SimpleNamespace(scales=torch.empty(1, dtype=torch.bfloat16), group=128, offsets=None, supers=None)
+    p = SimpleNamespace(scales=torch.empty(1, dtype=torch.bfloat16), group=128, bits=4, offsets=None, supers=None)
     assert qmm5.resident(Config("gemm5", 64, 64, 128, 1, 4, 4, max_registers=128), 128, p) == 2
     assert qmm5.resident(Config("gemm5", 64, 64, 128, 1, 4, 4), 128, p) == 1
     # 4 stages of a 128x128-code x tile (32 KiB) and its words: two rings do not fit in 227 KiB
