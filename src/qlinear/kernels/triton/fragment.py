@@ -23,22 +23,12 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .qmm3 import ASM_BF16, ASM_F16
+from .qmm3 import ASM_BF16, ASM_F16, _pairs_asm
 
 
 def _fma_asm(magic: str, ty: str) -> str:
-    """PTX for two words ``$8, $9`` (word rows r, r+1 of one column), their scale pair ``$10``, magic pair ``$11``
-    and offset pair ``$12``: ``qmm3._pairs_asm``'s PRMT/LOP3 fields, the exact subtract, then ``fma(q, s, o)``."""
-    lines = ["{", ".reg .b32 t, u;"]
-    for x in range(4):
-        sel = x | x << 4 | (4 + x) << 8 | (4 + x) << 12
-        lines += [f"prmt.b32 t, $8, $9, {sel:#06x};",
-                  f"lop3.b32 ${2 * x}, t, 0x000F000F, {magic}, 0xEA;",
-                  "shr.u32 u, t, 4;",
-                  f"lop3.b32 ${2 * x + 1}, u, 0x000F000F, {magic}, 0xEA;"]
-    lines += [f"sub.{ty} ${i}, ${i}, $11;" for i in range(8)]
-    lines += [f"fma.rn.{ty} ${i}, ${i}, $10, $12;" for i in range(8)]
-    return "\n".join([*lines, "}"])
+    """PTX for two words, their scale, magic and offset pairs: ``qmm3``'s fields, then ``fma(q, s, o)``."""
+    return _pairs_asm(magic, ty, offsets=True)
 
 
 ASM_FMA_BF16 = gl.constexpr(_fma_asm("0x43004300", "bf16x2"))

@@ -28,9 +28,11 @@ from .configs import Config
 from .layout import Packed, sorted_input
 
 
-def _pairs_asm(magic: str, ty: str) -> str:
+def _pairs_asm(magic: str, ty: str, offsets: bool = False) -> str:
     """PTX for two words ``$8, $9`` (word rows w, w+1 of one column): per byte X one PRMT puts byte X of each
-    word at bytes 0 and 2; the low nibbles are fields 2X, the high nibbles (after a shift) fields 2X+1."""
+    word at bytes 0 and 2; the low nibbles are fields 2X, the high nibbles (after a shift) fields 2X+1. Then
+    ``(q - z) s`` with ``$10`` the scale pair and ``$11`` the ``magic + z`` pair; ``offsets``: ``q s + o`` by one
+    FMA with ``$12`` the offset pair (``$11`` then the bare magic)."""
     lines = ["{", ".reg .b32 t, u;"]
     for x in range(4):
         sel = x | x << 4 | (4 + x) << 8 | (4 + x) << 12
@@ -39,7 +41,10 @@ def _pairs_asm(magic: str, ty: str) -> str:
                   "shr.u32 u, t, 4;",
                   f"lop3.b32 ${2 * x + 1}, u, 0x000F000F, {magic}, 0xEA;"]
     lines += [f"sub.{ty} ${i}, ${i}, $11;" for i in range(8)]
-    lines += [f"mul.rn.{ty} ${i}, ${i}, $10;" for i in range(8)]
+    if offsets:
+        lines += [f"fma.rn.{ty} ${i}, ${i}, $10, $12;" for i in range(8)]
+    else:
+        lines += [f"mul.rn.{ty} ${i}, ${i}, $10;" for i in range(8)]
     return "\n".join([*lines, "}"])
 
 
