@@ -43,7 +43,7 @@ def exl2_params(k: int):
     return Exl2Params(tuple(bits), (32,) * len(bits))
 
 
-def exl2_layer(k: int, n: int, gen: torch.Generator):
+def exl2_layer(k: int, n: int, gen: torch.Generator, cls=None):
     from qlinear.kernels.exl2 import Exl2TorchLinear
     from qlinear.layouts import exl2
     from qlinear.spec import Scheme
@@ -56,7 +56,7 @@ def exl2_layer(k: int, n: int, gen: torch.Generator):
     t["bias"] = (torch.randn(n, generator=gen) * 0.1).half()
     s = Scheme(bits=p.max_bits, group_size=-1, in_features=k, out_features=n, method="exl2", format="exl2",
                layout_params=p)
-    layer = Exl2TorchLinear(s, bias=True, dtype=torch.bfloat16)
+    layer = (cls or Exl2TorchLinear)(s, bias=True, dtype=torch.bfloat16)
     layer.load_state_dict(t)
     return layer
 
@@ -76,14 +76,20 @@ def exv2_layer(cls, k: int, n: int, gen: torch.Generator, desc_act: bool):
     return layer
 
 
-def row(name: str, k: int, n: int, m: int, cpu_layer, dtype: torch.dtype, gen: torch.Generator) -> None:
+def row(name: str, k: int, n: int, m: int, cpu_layer, dtype: torch.dtype, gen: torch.Generator,
+        gpu_cls=None) -> None:
+    """``gpu_cls``: run that class on the GPU, loaded from the CPU layer's state dict (CUDA-only classes)."""
     import copy
 
     x = torch.randn(m, k, generator=gen).to(dtype)
     want = cpu_layer(x).double()
     w = cpu_layer.dequantize(torch.float64)
     ref = x.double() @ w.t() + cpu_layer.bias.double()
-    gpu = copy.deepcopy(cpu_layer).to(DEV)
+    if gpu_cls is None:
+        gpu = copy.deepcopy(cpu_layer).to(DEV)
+    else:
+        gpu = gpu_cls(cpu_layer.scheme, bias=cpu_layer.bias is not None, dtype=dtype).to(DEV)
+        gpu.load_state_dict({k: v.to(DEV) for k, v in cpu_layer.state_dict().items()})
     got = gpu(x.to(DEV)).cpu().double()
     scale = float(ref.abs().max())
     say(f"| {name} | {k}x{n} | {str(dtype)[6:]} | {m} | {float((got - want).abs().max()) / scale:.2e} | "
@@ -91,6 +97,7 @@ def row(name: str, k: int, n: int, m: int, cpu_layer, dtype: torch.dtype, gen: t
 
 
 def checks(args: argparse.Namespace) -> None:
+    from qlinear.kernels.exl2_triton import Exl2TritonLinear
     from qlinear.kernels.exllamav2 import AwqExllamaV2Linear, ExllamaV2Linear
 
     say("## Checks: GPU layer vs the same layer on CPU, and both vs float64 x @ W^T (max |diff| / max |y|)")
@@ -107,37 +114,46 @@ def checks(args: argparse.Namespace) -> None:
     for name, layer, dtype in cases:
         for m in (1, 7, 64):
             row(name, k, n, m, layer, dtype, gen)
+    for dtype in (torch.bfloat16, torch.float16):  # GPU: the Triton segments; CPU: the exact torch decode
+        layer = exl2_layer(k, n, gen)
+        for m in (1, 7, 64, 300):
+            row("Exl2TritonLinear", k, n, m, layer, dtype, gen, gpu_cls=Exl2TritonLinear)
     say()
 
 
 def timing(args: argparse.Namespace) -> None:
     from gpu_linear import copies, timed
+    from qlinear.kernels.exl2_triton import Exl2TritonLinear
     from qlinear.kernels.exllamav2 import ExllamaV2Linear
 
-    say("## Timing: bf16 F.linear (cuBLAS) vs ExllamaV2Linear (Triton route) and Exl2TorchLinear (us per call)")
+    say("## Timing: bf16 F.linear (cuBLAS) vs ExllamaV2Linear act-order (Triton route), Exl2TritonLinear and "
+        "Exl2TorchLinear (us per call; ratio = time / bf16)")
     say()
-    say("| K x N | M | bf16 | ExllamaV2Linear g128 | ratio | Exl2TorchLinear 3.9b | ratio |")
-    say("|---|---|---|---|---|---|---|")
+    say("| K x N | M | bf16 | ExllamaV2Linear g128 | ratio | Exl2TritonLinear 3.9b | ratio | Exl2TorchLinear 3.9b "
+        "| ratio |")
+    say("|---|---|---|---|---|---|---|---|---|")
     gen = torch.Generator().manual_seed(1)
     ggen = torch.Generator(device=DEV).manual_seed(1)
     for k, n in args.shapes:
         wb = bf16_baseline(k, n, ggen)
         base_v2 = exv2_layer(ExllamaV2Linear, k, n, gen, True)
         base_x2 = exl2_layer(k, n, gen)
+        base_xt = exl2_layer(k, n, gen, Exl2TritonLinear).to(DEV)
         v2 = [base_v2.to(DEV)] + [_clone(base_v2) for _ in range(copies(n * k // 2) - 1)]
+        xt = [base_xt] + [_clone(base_xt) for _ in range(copies(n * k // 2) - 1)]
         x2 = [base_x2.to(DEV), _clone(base_x2)]  # decode-bound: two copies, few replays
         for m in args.ms:
             x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=ggen)
             tb = timed(wb, x, args.reps)
             cells = []
-            for layers, reps in ((v2, args.reps), (x2, min(args.reps, 5))):
+            for layers, reps in ((v2, args.reps), (xt, args.reps), (x2, min(args.reps, 5))):
                 try:
                     t = timed(list(layers), x, reps)
                     cells += [f"{t:.1f}", f"{t / tb:.2f}"]
                 except Exception as err:  # report, keep the table going
                     cells += [f"failed: {type(err).__name__}: {str(err)[:80]}", "-"]
             say(f"| {k}x{n} | {m} | {tb:.1f} | " + " | ".join(cells) + " |")
-        del wb, v2, x2
+        del wb, v2, xt, x2
         torch.cuda.empty_cache()
     say()
 

@@ -10,6 +10,10 @@ weight built straight from the canonical codes and scales, for plain and act-ord
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # fragment_input gathers with a Triton kernel: on CPU, interpreted
+
 import pytest
 import torch
 

@@ -332,5 +332,5 @@ BUILDERS = ((GGUFBuilder(), ("GGUFTorchLinear", "GGUFTritonKernel", "GGUFCppKern
             (FloatBuilder(), ("TorchFP8Linear", "TorchFP4Linear", "TritonFP8Linear", "TritonFP4Linear")),
             (BnbBuilder(), ("BitsAndBytesTorchLinear", "BitsAndBytesLinear", "BitsAndBytesTritonLinear")),
             (VptqBuilder(), ("VPTQLinear", "VPTQCudaLinear")),
-            (Exl2Builder(), ("Exl2TorchLinear",)),
+            (Exl2Builder(), ("Exl2TorchLinear", "Exl2TritonLinear")),
             (Exl3Builder(), ("ExllamaV3TorchLinear", "ExllamaV3Linear")))

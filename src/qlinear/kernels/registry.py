@@ -36,6 +36,7 @@ FAMILIES: tuple[str, ...] = (
     "paroquant",
     "exllamav2",
     "exl2",
+    "exl2_triton",
     "exl3",
     "bitblas",
 )

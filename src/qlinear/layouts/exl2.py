@@ -188,16 +188,33 @@ def encode(codes_kn: torch.Tensor, scale_codes: torch.Tensor, q_scale_max: torch
            p: Exl2Params, stored_perm: bool = False) -> dict[str, torch.Tensor]:
     """Pack codes ``[K, N]`` (stored row order, unsigned), scale codes ``qs`` ``[G, N]`` (0..15) and maxima ``[G]``
     into the checkpoint tensors, as ``AdaptiveGPTQ.pack`` lays them out (``perm``: input row of each stored row)."""
-    words, row = [], 0
-    for b, r in zip(p.group_bits, p.group_rows):
-        c = codes_kn[row:row + r]
-        if int(c.max()) >= 1 << b:
-            raise ValueError(f"codes: rows {row}..{row + r - 1} hold values above {(1 << b) - 1} ({b}-bit group)")
-        words.append(pack_bits(c.to(torch.uint8).contiguous(), b, torch.int32, dim=0))
-        row += r
-    out = {"q_weight": torch.cat(words), "q_invperm": torch.argsort(perm).to(torch.int32),
+    out = {"q_weight": pack_codes(codes_kn, p), "q_invperm": torch.argsort(perm).to(torch.int32),
            "q_scale": pack_bits(scale_codes.to(torch.uint8).contiguous(), 4, torch.int32, dim=1),
            "q_scale_max": q_scale_max.to(torch.float16), "q_groups": p.q_groups()}
     if stored_perm:
         out["q_perm"] = perm.to(torch.int32)
     return out
+
+
+def stored_codes(q_weight: torch.Tensor, p: Exl2Params) -> torch.Tensor:
+    """Every group's unsigned codes ``uint8 [K, N]`` in stored row order (one unpack per run of one width)."""
+    parts = []
+    for b, g0, ng, w0, nw in runs(p):
+        r = sum(p.group_rows[g0:g0 + ng])
+        parts.append(unpack_bits(q_weight[w0:w0 + nw], b, r, dim=0, name="q_weight").to(torch.uint8))
+    return torch.cat(parts)
+
+
+def pack_codes(codes_kn: torch.Tensor, p: Exl2Params) -> torch.Tensor:
+    """``stored_codes`` undone: unsigned codes ``[K, N]`` (stored row order) -> ``q_weight`` int32, each group packed
+    along K as ``pack_columns`` does; raises ``ValueError`` naming the rows if a code does not fit its group."""
+    if codes_kn.dim() != 2 or codes_kn.shape[0] != p.in_features:
+        raise ValueError(f"codes: expected [{p.in_features}, N], got shape {list(codes_kn.shape)}")
+    words, row = [], 0
+    for b, r in zip(p.group_bits, p.group_rows):
+        c = codes_kn[row:row + r]
+        if int(c.max()) >= 1 << b or int(c.min()) < 0:
+            raise ValueError(f"codes: rows {row}..{row + r - 1} hold values outside 0..{(1 << b) - 1} ({b}-bit group)")
+        words.append(pack_bits(c.to(torch.uint8).contiguous(), b, torch.int32, dim=0))
+        row += r
+    return torch.cat(words)

@@ -7,7 +7,7 @@ gemm5's A-fragment layout (``qmm4.code_layout``) reads word rows as if every fie
 position ``8 j + r`` of the block's 64. Groups of 32 pack blocks of 4 word rows (``layout.block_rows``), where
 field ``j`` of row ``r`` is sorted row ``32 (r // 4) + 4 j + r % 4``. The two orders differ by a fixed
 permutation inside each 64 rows, and a sum over K does not care about order: x is gathered once into the
-fragment's order (``fragment_order.fragment_input``, one ``index_select``; act-order's gather folds into it)
+fragment's order (``fragment_order.fragment_input``, one gather launch; act-order's gather folds into it)
 and the kernel runs unchanged on the words as they are. No second copy of the codes, so the GGUF forms stay lossless.
 
 What changes in the kernel is the group rows: a 64-row K step now spans two groups, and word row ``r`` of a

@@ -25,8 +25,8 @@ MAX_M = 1024
 
 
 def fragment_input(x2: torch.Tensor, p: Packed) -> tuple[torch.Tensor, int]:
-    """``(x [M, KF] in fragment order, KF)`` through the layout's ``xorder``: one ``index_select``; padding rows
-    inside KP (irregular groups, K not a multiple of 32) are zeroed after it."""
+    """``(x [M, KF] in fragment order, KF)`` through the layout's ``xorder``: one gather launch (padding rows inside
+    KP, from irregular groups or K not a multiple of 32, read 0)."""
     if p.xorder is None:
         raise ValueError("fragment_input: expected a layout of 4-bit words in groups of 32 (with an xorder)")
     m, k = x2.shape
@@ -34,11 +34,9 @@ def fragment_input(x2: torch.Tensor, p: Packed) -> tuple[torch.Tensor, int]:
         # plain order: position 64 c + 8 j + 4 b + w reads row 64 c + 32 b + 4 j + w, a transpose of two axes;
         # one strided copy (index_select along dim 1 took 9.9 us at M=16 on an H100, results/h100-gemm5-*)
         return x2.reshape(m, k // FRAGMENT_ROWS, 2, 8, 4).transpose(2, 3).reshape(m, k), k
-    if p.kp == p.k:
-        return x2.index_select(1, p.xorder), p.xorder.numel()
-    xf = x2.index_select(1, p.xorder.clamp(min=0))
-    xf.masked_fill_((p.xorder < 0)[None, :], 0)
-    return xf, p.xorder.numel()
+    from .gather import gather  # triton: this module answers groups_reasons where triton is absent
+
+    return gather(x2 if x2.stride(1) == 1 else x2.contiguous(), p.xorder), p.xorder.numel()
 
 
 def block_k_groups(p: Packed, block_k: int) -> int:

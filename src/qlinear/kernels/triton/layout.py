@@ -20,7 +20,7 @@
 * ``xorder [KF]`` int32, only for 4-bit words in groups of exactly 32 (field blocks of 4 word rows): the input
   channel that position ``i`` of gemm5's A fragment reads (``fragment_order.py``: ``KF`` = KP rounded up to 64;
   padding rows inside KP are ``-1``, positions past KP, whose weights are 0, read channel 0). Built here, once,
-  so a forward gathers x with one ``index_select`` (also inside a CUDA graph).
+  so a forward gathers x with one launch (``gather.py``; also inside a CUDA graph).
 * ``supers [2 ceil(G / 8), NP]`` float32, only for K-quant super-blocks (``build_kquant``): scales and offsets
   are then the blocks' own uint8 sub-scales ``sc`` and mins ``m``, and the kernels take ``s = d sc`` and
   ``o = -dmin m`` with rows ``2i, 2i + 1`` = ``d, -dmin`` of super-group ``i = g // 8`` (exact in float32:
@@ -242,20 +242,6 @@ def build_kquant(codes: torch.Tensor, sc: torch.Tensor, mins: torch.Tensor, d: t
     sup[:, 1, :n] = -dmin.t().float()
     return Packed(p.qweight, p.scales, None, p.perm, bits, k, n, p.group, 0, p.rows_per_block, offsets=o,
                   supers=sup.reshape(2 * g8, p.np), xorder=p.xorder)
-
-
-def gather_cols(x2: torch.Tensor, p: Packed) -> torch.Tensor:
-    """Activations in sorted-row order ``[M, KP]`` (zeros in padding rows): contiguous A tiles for the GEMM."""
-    assert p.perm is not None
-    xp = x2.index_select(1, p.perm.clamp(min=0).long())
-    if p.kp > p.k:  # padding rows (perm -1) must read 0
-        xp.masked_fill_((p.perm < 0)[None, :], 0)
-    return xp
-
-
-def sorted_input(x2: torch.Tensor, p: Packed) -> tuple[torch.Tensor, int]:
-    """x in sorted-row order and its row length: gathered once for act-order weights, else as it is."""
-    return (gather_cols(x2, p), p.kp) if p.perm is not None else (x2, p.k)
 
 
 def one_group(p: Packed, block_k: int) -> bool:

@@ -40,7 +40,8 @@ from .common import (
     tile_kpos,
 )
 from .configs import Config
-from .layout import Packed, gather_cols, one_group, sorted_input
+from .gather import gather_cols, sorted_input
+from .layout import Packed, one_group
 from .runtime import LAST, interpreting
 
 

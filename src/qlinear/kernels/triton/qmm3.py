@@ -25,7 +25,8 @@ import triton.language as tl
 
 from .common import load_words, store_split
 from .configs import Config
-from .layout import Packed, sorted_input
+from .gather import sorted_input
+from .layout import Packed
 
 
 def _pairs_asm(magic: str, ty: str, offsets: bool = False) -> str:

@@ -27,8 +27,9 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from .configs import Config
 from .fragment import to_fragment
 from .fragment_order import block_k_bytes, block_k_groups, fragment_input
+from .gather import sorted_input
 from .gemm4_limits import gemm4_reasons
-from .layout import Packed, sorted_input
+from .layout import Packed
 from .qmm3 import ASM_BF16, ASM_F16, block_k3
 from .runtime import bind_cuda_context
 

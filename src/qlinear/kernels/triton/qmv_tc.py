@@ -37,7 +37,8 @@ import triton
 import triton.language as tl
 
 from .common import stack2, store_split
-from .layout import Packed, gather_cols
+from .gather import gather_cols
+from .layout import Packed
 from .qmv_tc_asm import MMA_CONSTRAINTS, mma_asm
 from .qmv_tc_groups import group_terms
 from .qmv_tc_x import chunk_x, unit_x

@@ -1,0 +1,215 @@
+"""``Exl2TritonLinear``: EXL2 mixed-bit layers on CUDA through the GPTQ Triton kernels.
+
+``Exl2TorchLinear`` decodes the whole weight with torch in every forward (4.4 ms for 4096x14336 on an H100, 100x
+bf16). Here ``prepare()`` re-lays the groups once as at most three GPTQ layouts (``exl2_runtime``: 8, 4 and 2-bit
+words, one per run of widths) and drops ``q_weight``: the layouts keep every code, and the file's words are
+rebuilt from them when saved or decoded. A forward gathers each segment's input rows (the act-order permutation,
+one launch a segment), runs the variant M picks for that segment, and sums.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..caps import Caps, Problem
+from ..enums import BACKEND, DEVICE, FORMAT
+from ..layouts import exl2
+from ..target import Target
+from . import exl2_runtime
+from .exl2 import Exl2TorchLinear, exl2_params
+from .triton.runtime import interpreting
+from .triton_gptq import device_facts, fitted_config, triton_version_reasons, unfit_variants
+
+#: the per-segment runtime tensors (constant zeros: no zero tensor; no offsets or super-scales)
+SEGMENT_TENSORS = ("qweight", "scales", "perm", "xorder")
+
+
+class Exl2TritonLinear(Exl2TorchLinear):
+    """EXL2 (2/3/4/5/6/8-bit row groups) on CUDA: widened losslessly to 2/4/8-bit GPTQ layouts run by Triton."""
+
+    backend = BACKEND.EXL2_TRITON
+    caps = Caps(
+        formats={FORMAT.EXL2: 30},
+        bits=frozenset(exl2.BITS),
+        group_sizes=None,
+        desc_act=None,
+        sym=None,
+        devices=frozenset({DEVICE.CUDA}),
+        dtypes=frozenset({torch.float16, torch.bfloat16}),
+        pack_dtypes=frozenset({torch.int32}),
+        out_divisible=8,
+        requires_modules={"triton": "triton>=3.4"},
+    )
+
+    @classmethod
+    def runtime_target_reasons(cls, target: Target) -> list[str]:
+        return triton_version_reasons(target)
+
+    @classmethod
+    def describe_runs(cls, problem: Problem, target: Target) -> str:
+        p = problem.scheme.layout_params
+        segs = exl2_runtime.segments(p) if isinstance(p, exl2.Exl2Params) else ()
+        runs = ", ".join(f"{s.rows} rows of {sorted(set(p.group_bits[s.first:s.first + s.count]), reverse=True)} "
+                         f"bits as {s.bits}-bit words g{s.group}" for s in segs) or "its runs of widths"
+        return (f"the GPTQ Triton kernels on {runs} (q_weight re-laid at load, rebuilt bit for bit on save); per "
+                "segment the variant M picks (gemv_tc / gemv, the tensor-core GEMMs, dequantize + cuBLAS); the "
+                "segments' outputs summed")
+
+    def register_checkpoint_buffers(self, bias: bool) -> None:
+        super().register_checkpoint_buffers(bias)
+        self.register_buffer("_rt_lock", None, persistent=False)
+        self.register_buffer("_perm32", None, persistent=False)
+        for i in range(len(exl2_runtime.KERNEL_BITS)):
+            for name in SEGMENT_TENSORS:
+                self.register_buffer(f"_s{i}_{name}", None, persistent=False)
+        self._seg_meta: list[tuple[int, ...]] = []
+        self._segments: tuple[exl2_runtime.Segment, ...] = ()
+        #: ``q_weight`` was dropped for the segments (``prepare``); ``tensors()`` rebuilds it
+        self.weight_replaced = False
+
+    # ------------------------------------------------------------------ checkpoint <-> runtime
+    def packs(self) -> list[Any]:
+        """The segments' GPTQ layouts (views of this module's buffers)."""
+        from .triton.layout import Packed
+
+        return [Packed(getattr(self, f"_s{i}_qweight"), getattr(self, f"_s{i}_scales"), None,
+                       getattr(self, f"_s{i}_perm"), *meta, xorder=getattr(self, f"_s{i}_xorder"))
+                for i, meta in enumerate(self._seg_meta)]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The checkpoint tensors; once the segments replaced ``q_weight``, it is rebuilt from them (transient)."""
+        t = super().tensors()
+        if self.weight_replaced:
+            t["q_weight"] = exl2_runtime.to_q_weight(self.packs(), exl2_params(self.scheme))
+        return t
+
+    def checkpoint_tensors(self) -> list[torch.Tensor | None]:
+        """What the runtime is derived from (identity keys it): with ``q_weight`` replaced, the first segment's
+        words in its place."""
+        if not self.weight_replaced:
+            return super().checkpoint_tensors()
+        return [self._s0_qweight, self.q_invperm, self.q_scale, self.q_scale_max, self.q_groups, self.bias]
+
+    def _restore_weight_buffer(self) -> None:
+        """Before a state dict with ``q_weight`` arrives in a layer whose words were replaced: an empty buffer."""
+        p = exl2_params(self.scheme)
+        self.q_weight = torch.empty(sum(p.word_rows), self.out_features, dtype=torch.int32,
+                                    device=self.q_scale.device)
+        for i in range(len(exl2_runtime.KERNEL_BITS)):
+            for name in SEGMENT_TENSORS:
+                setattr(self, f"_s{i}_{name}", None)
+        self._seg_meta, self._segments, self.weight_replaced, self._runtime_key = [], (), False, None
+
+    def _load_from_state_dict(self, state_dict: dict[str, object], prefix: str, *args: object,
+                              **kwargs: object) -> None:
+        if self.weight_replaced and prefix + "q_weight" in state_dict:
+            self._restore_weight_buffer()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        """The checkpoint is the file's layout, also when the segments replaced ``q_weight`` (rebuilt)."""
+        if not self.weight_replaced:
+            return super()._save_to_state_dict(destination, prefix, keep_vars)
+        self._buffers["q_weight"] = self.tensors()["q_weight"]
+        try:
+            super()._save_to_state_dict(destination, prefix, keep_vars)
+        finally:
+            self._buffers["q_weight"] = None
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        """Device moves only: a cast would round the segments' float16 scales (``model.to(torch.bfloat16)``)."""
+        def keep_dtype(t: torch.Tensor) -> torch.Tensor:
+            out = fn(t)
+            return out if out.dtype == t.dtype else t.to(out.device)
+
+        return super()._apply(keep_dtype, recurse)
+
+    def ensure_prepared(self) -> None:
+        if not self.weight_replaced:  # the segments are the weight now; nothing to derive them from
+            super().ensure_prepared()
+
+    def prepare(self) -> None:
+        """Check the file's tensors, build the segments from them and drop ``q_weight`` (once: afterwards the
+        segments are the weight)."""
+        if self.weight_replaced:
+            return
+        from .triton.qmm import lock_slots
+
+        super().prepare()  # checks the tensors; q_perm (int64), the float16 group scales
+        p = exl2_params(self.scheme)
+        packs = exl2_runtime.to_runtime(self.q_weight, self._scales, p)
+        dev = self.q_scale.device
+        for i, pk in enumerate(packs):
+            for name in SEGMENT_TENSORS:
+                t = pk.tensors()[name]
+                setattr(self, f"_s{i}_{name}", None if t is None else t.to(dev))
+        self._seg_meta = [pk.meta() for pk in packs]
+        self._segments = exl2_runtime.segments(p)
+        self._perm32 = self._perm.to(torch.int32)
+        self._perm = self._scales = self._groups = None  # the torch path's tensors: the segments hold them now
+        self._rt_lock = torch.zeros(lock_slots(self.out_features), dtype=torch.int32, device=dev)
+        self.q_weight, self.weight_replaced = None, True
+        self._runtime_key = self._current_key()
+
+    # ------------------------------------------------------------------ forward
+    def configs(self, m: int, device: torch.device, variant: str | None = None, config: Any = None) -> list[Any]:
+        """Each segment's launch config for M rows: the GPTQ table or heuristic (or ``config``, for tests and
+        benchmarks), legalised for the segment's layout."""
+        from .triton.configs import legal
+
+        if config is not None:
+            return [legal(config, m, pk.kp, pk.bits) for pk in self.packs()]
+        return [fitted_config(pk, m, self.dtype, device, variant) for pk in self.packs()]
+
+    def explain_call(self, m: int, device: torch.device | str = "cuda") -> str:
+        """Per segment: its rows and widths, the variant a forward of M rows runs and why each other does not."""
+        from .triton.why import explain_choice
+
+        self.ensure_prepared()
+        device = torch.device(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("explain_call: no CUDA device here; device='cpu' gives the interpreter's view")
+        name, sms = device_facts(device.index or 0) if device.type == "cuda" else ("interpreter", 4)
+        p = exl2_params(self.scheme)
+        lines = []
+        for seg, pk in zip(exl2_runtime.segments(p), self.packs()):
+            widths = sorted(set(p.group_bits[seg.first:seg.first + seg.count]), reverse=True)
+            lines.append(f"segment rows {seg.row0}..{seg.row0 + seg.rows - 1} (EXL2 {widths}-bit): {pk.bits}-bit "
+                         f"words, groups of {pk.group}")
+            unfit = unfit_variants(pk, m, self.dtype, device)
+            lines += ["  " + v for v in explain_choice(name, sms, m, pk.n, pk.k, pk.kp, pk.bits, pk.group, unfit)]
+        return "\n".join(lines)
+
+    def matmul(self, x2: torch.Tensor, variant: str | None = None, config: Any = None) -> torch.Tensor:
+        """``x2 [M, K] @ W^T + bias``: each segment's rows gathered, multiplied, the products summed."""
+        from .triton.dequant import dense_mm
+        from .triton.gather import gather
+        from .triton.qmm import qmm
+
+        y = None
+        for seg, pk, cfg in zip(self._segments, self.packs(),
+                                self.configs(x2.shape[0], x2.device, variant, config)):
+            xs = gather(x2, self._perm32[seg.row0:seg.row0 + seg.rows])
+            bias = self.bias if y is None else None
+            part = dense_mm(xs, pk, cfg, bias) if cfg.variant == "dense" else qmm(xs, pk, cfg, bias, self._rt_lock)
+            y = part if y is None else y.add_(part)
+        assert y is not None  # an EXL2 layer has at least one group
+        return y
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        if x.device.type != "cuda" and not interpreting():
+            raise ValueError(f"input: {type(self).__name__} runs on CUDA tensors, got one on {x.device} "
+                             "(TRITON_INTERPRET=1 runs the kernels on CPU tensors, for testing)")
+        self.ensure_prepared()
+        if self._s0_qweight.device != x.device:
+            raise ValueError(f"input on {x.device} but the layer is on {self._s0_qweight.device}")
+        x2 = x.reshape(-1, self.in_features)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        return self.matmul(x2).reshape(*x.shape[:-1], self.out_features)
+
+
+KERNELS = (Exl2TritonLinear,)
