@@ -84,7 +84,9 @@ def exl3(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
     return layer
 
 
-def exl2(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
+def exl2(k: int, n: int, gen: torch.Generator, cls: type | None = None) -> torch.nn.Module:
+    """The same 3.9-bit mix each call (the seed is the caller's generator); ``cls``: the kernel (default the exact
+    ``Exl2TorchLinear``)."""
     from qlinear.kernels.exl2 import Exl2TorchLinear
     from qlinear.layouts import exl2 as layout
     from qlinear.spec import Scheme
@@ -96,10 +98,17 @@ def exl2(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
     scale_max = (torch.rand(len(widths), generator=gen) * 0.02 + 0.002).half()
     t = layout.encode(codes, torch.randint(0, 16, (len(widths), n), generator=gen), scale_max,
                       torch.randperm(k, generator=gen), p)
-    layer = Exl2TorchLinear(Scheme(bits=p.max_bits, group_size=-1, in_features=k, out_features=n, method="exl2",
-                                   format="exl2", layout_params=p), dtype=torch.bfloat16)
+    s = Scheme(bits=p.max_bits, group_size=-1, in_features=k, out_features=n, method="exl2", format="exl2",
+               layout_params=p)
+    layer = (cls or Exl2TorchLinear)(s, dtype=torch.bfloat16)
     layer.load_state_dict(t)
     return layer
+
+
+def exl2_parts(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
+    from qlinear.kernels.exl2_cpu import Exl2CpuLinear
+
+    return exl2(k, n, gen, Exl2CpuLinear)
 
 
 def paroquant(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
@@ -124,7 +133,7 @@ def paroquant(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
 
 FORMATS: dict[str, Callable[[int, int, torch.Generator], torch.nn.Module]] = {
     "GPTQ 4-bit g128 (AUTO)": gptq, "MLX 4-bit g64": mlx, "VPTQ v8 k65536 (2-bit)": vptq, "EXL3 4-bit": exl3,
-    "EXL2 ~3.9-bit": exl2, "ParoQuant 4-bit g128": paroquant}
+    "EXL2 ~3.9-bit": exl2, "EXL2 ~3.9-bit (AUTO: 4-bit parts)": exl2_parts, "ParoQuant 4-bit g128": paroquant}
 
 
 def median_ms(fn: Callable[[], object], reps: int) -> float:

@@ -68,7 +68,7 @@ def test_cpu_formats_table() -> None:
     finally:
         torch.set_num_threads(threads)
     for needle in ("| 512x256 | dense bf16 | F.linear |", "| MlxTorchLinear |", "| VPTQLinear |",
-                   "| ExllamaV3TorchLinear |", "| Exl2TorchLinear |", "| ParoLinear |"):
+                   "| ExllamaV3TorchLinear |", "| Exl2TorchLinear |", "| Exl2CpuLinear |", "| ParoLinear |"):
         assert needle in text, needle
 
 

@@ -292,6 +292,8 @@ class Exl2Builder(Builder):
         a = state(layer)
         w = exl2_numpy.exl2_weight(a["q_weight"], a["q_invperm"], a["q_scale"], a["q_scale_max"], a["q_groups"],
                                    p.in_features)
+        if c.kernel.__name__ == "Exl2CpuLinear":  # its 4-bit parts run the int4 kernels, in bfloat16 for any dtype
+            return Built(layer, w.astype(np.float64).T.copy(), tol=TOL[torch.bfloat16], tol_why="computes in bfloat16")
         return Built(layer, w.astype(np.float64).T.copy())
 
 
@@ -332,5 +334,5 @@ BUILDERS = ((GGUFBuilder(), ("GGUFTorchLinear", "GGUFTritonKernel", "GGUFCppKern
             (FloatBuilder(), ("TorchFP8Linear", "TorchFP4Linear", "TritonFP8Linear", "TritonFP4Linear")),
             (BnbBuilder(), ("BitsAndBytesTorchLinear", "BitsAndBytesLinear", "BitsAndBytesTritonLinear")),
             (VptqBuilder(), ("VPTQLinear", "VPTQCudaLinear")),
-            (Exl2Builder(), ("Exl2TorchLinear", "Exl2TritonLinear")),
+            (Exl2Builder(), ("Exl2TorchLinear", "Exl2CpuLinear", "Exl2TritonLinear")),
             (Exl3Builder(), ("ExllamaV3TorchLinear", "ExllamaV3Linear")))

@@ -101,7 +101,12 @@ class Int4PackRuntime:
 
 def build_runtime(layer: torch.nn.Module) -> Int4PackRuntime:
     """Convert the layer's canonical weight into the int4pack runtime (padding and group splitting)."""
-    q = layer.affine()
+    return runtime_of(layer.affine())
+
+
+def runtime_of(q: Any) -> Int4PackRuntime:
+    """The int4pack runtime of a 4-bit ``AffineWeight`` (also for weights that are parts of another format's layer:
+    ``exl2_cpu.py``)."""
     inputs = to_int4pack_inputs(q)  # codes reordered so each group is contiguous, [G, N, 2] bf16
     k, n = q.in_features, q.out_features
     channelwise = q.num_groups == 1
@@ -223,20 +228,8 @@ class Int4PackMixin:
         super().prepare()
 
     def path(self, m: int, grad: bool) -> Path:
-        """The path for ``m`` rows: the native extra where one of its kernels runs (up to ``native_int4.
-        native_max_m()``), else the op up to its measured crossover, else decode + GEMM (also for gradients,
-        which neither the op nor the extra has)."""
-        rt = self._rt
-        if grad:
-            if not rt.block:
-                raise RuntimeError(f"{type(self).__name__}: gradients need the decode path, and this torch build "
-                                   "packs int4 in a layout it cannot read; use backend gptq_torch / awq_torch")
-            return Path.DECODE
-        if m <= native_int4.native_max_m() and native_int4.kernel_for(m, rt.group, rt.block, rt.k_pad) is not None:
-            return Path.NATIVE
-        if rt.op and (not rt.block or m <= int4pack_max_m(self.in_features, self.out_features)):
-            return Path.OP
-        return Path.DECODE
+        """The path for ``m`` rows (``choose_path``)."""
+        return choose_path(self._rt, m, self.in_features, self.out_features, grad, type(self).__name__)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k, n = self.in_features, self.out_features
@@ -251,21 +244,39 @@ class Int4PackMixin:
         if rt.k_pad > k:
             xb = F.pad(xb, (0, rt.k_pad - k))
         path = self.path(xb.shape[0], torch.is_grad_enabled() and xb.requires_grad)
-        if path is Path.NATIVE:
-            kernel = native_int4.kernel_for(xb.shape[0], rt.group, rt.block, rt.k_pad)
-            if kernel is None:
-                raise RuntimeError(f"{type(self).__name__}: no kernel of the native extra runs M={xb.shape[0]} here")
-            y = native_int4.matmul(xb, rt.packed, rt.scales_zeros, rt.group, kernel)
-        elif path is Path.OP:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), rt.packed.view(rt.n_pad, -1),
-                                                            rt.group, rt.scales_zeros)
-        else:
-            tile = max(1, self.TILE_ELEMENTS // (rt.k_pad * rt.block))
-            y = decode_matmul(rt, xb, tile)
-        y = y[:, :n].to(x.dtype)
+        y = run_path(rt, xb, path, self.TILE_ELEMENTS, type(self).__name__)[:, :n].to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.reshape(*x.shape[:-1], n)
+
+
+def choose_path(rt: Int4PackRuntime, m: int, k: int, n: int, grad: bool, who: str) -> Path:
+    """The path for ``m`` rows of a ``[n, k]`` weight: the native extra where one of its kernels runs (up to
+    ``native_int4.native_max_m()``), else the op up to its measured crossover, else decode + GEMM (also for
+    gradients, which neither the op nor the extra has)."""
+    if grad:
+        if not rt.block:
+            raise RuntimeError(f"{who}: gradients need the decode path, and this torch build packs int4 in a layout "
+                               "it cannot read; use backend gptq_torch / awq_torch")
+        return Path.DECODE
+    if m <= native_int4.native_max_m() and native_int4.kernel_for(m, rt.group, rt.block, rt.k_pad) is not None:
+        return Path.NATIVE
+    if rt.op and (not rt.block or m <= int4pack_max_m(k, n)):
+        return Path.OP
+    return Path.DECODE
+
+
+def run_path(rt: Int4PackRuntime, xb: torch.Tensor, path: Path, tile_elements: int, who: str) -> torch.Tensor:
+    """``xb [M, K_pad]`` (bfloat16, K order of the runtime) times the runtime's weight on ``path``: ``[M, N_pad]``."""
+    if path is Path.NATIVE:
+        kernel = native_int4.kernel_for(xb.shape[0], rt.group, rt.block, rt.k_pad)
+        if kernel is None:
+            raise RuntimeError(f"{who}: no kernel of the native extra runs M={xb.shape[0]} here")
+        return native_int4.matmul(xb, rt.packed, rt.scales_zeros, rt.group, kernel)
+    if path is Path.OP:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), rt.packed.view(rt.n_pad, -1), rt.group,
+                                                          rt.scales_zeros)
+    return decode_matmul(rt, xb, max(1, tile_elements // (rt.k_pad * rt.block)))
 
 
 def ops_reasons(target: Target) -> list[str]:

@@ -47,12 +47,13 @@ class Segment:
         return torch.repeat_interleave(per_group, torch.tensor(lengths))
 
 
-def segments(p: exl2.Exl2Params) -> tuple[Segment, ...]:
-    """The runs of groups that share a kernel word width, in stored order (widths never increase in EXL2)."""
+def segments(p: exl2.Exl2Params, widths: dict[int, int] = KERNEL_BITS) -> tuple[Segment, ...]:
+    """The runs of groups that share a kernel word width (``widths``: EXL2 width -> kernel width), in stored order
+    (widths never increase in EXL2)."""
     spans: list[list[int]] = []  # [bits, first group, groups, first row, rows]
     row = 0
     for i, (b, r) in enumerate(zip(p.group_bits, p.group_rows)):
-        kb = KERNEL_BITS[b]
+        kb = widths[b]
         if spans and spans[-1][0] == kb:
             spans[-1][2] += 1
             spans[-1][4] += r

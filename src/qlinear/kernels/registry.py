@@ -37,6 +37,7 @@ FAMILIES: tuple[str, ...] = (
     "exllamav2",
     "exl2",
     "exl2_triton",
+    "exl2_cpu",
     "exl3",
     "bitblas",
 )

@@ -1,0 +1,136 @@
+"""``Exl2CpuLinear``: EXL2 mixed-bit layers on CPU through qlinear's int4 kernels (native AVX512-BF16 / AMX, the
+int4pack op).
+
+``Exl2TorchLinear`` decodes the whole weight with torch in every forward (650 ms for 4096x14336 at M=1 on one
+thread, 62x dense bf16). Here ``prepare()`` turns the groups into 4-bit parts once, each run by the int4 runtime
+the GPTQ CPU kernels use (``cpu_int4.runtime_of``):
+
+* 4, 3 and 2-bit groups: codes moved up to the constant zero 8 (``exl2_runtime.segments`` with ``CPU_BITS``), as
+  the GPU path moves them to its word widths;
+* 8, 6 and 5-bit groups: codes moved up to zero 128, then split into two 4-bit parts, exactly:
+  ``q' - 128 = 16 (h - 8) + l`` with ``h = q' >> 4``, ``l = q' & 15`` (scales ``16 s`` and ``s``, zeros 8 and 0).
+
+A forward gathers each part's input rows, runs the part's path for M (``cpu_int4.choose_path``) and sums the parts
+in float32. The arithmetic is the GPTQ CPU kernels' (bfloat16 weights and activations, float32 sums), so float32
+activations stay on the exact ``Exl2TorchLinear``. The parts sit beside ``q_weight``, which stays the layer's
+checkpoint (state_dict, dequantize and sharding read it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..affine import AffineWeight
+from ..caps import Caps, Problem
+from ..enums import BACKEND, DEVICE, FORMAT
+from ..layouts import exl2
+from ..target import Target
+from . import exl2_runtime
+from .cpu_int4 import Int4PackRuntime, choose_path, ops_reasons, run_path, runtime_of
+from .exl2 import Exl2TorchLinear, exl2_params
+
+#: EXL2 width -> the width its codes take before the CPU parts are cut (8-bit runs become two 4-bit parts)
+CPU_BITS = {8: 8, 6: 8, 5: 8, 4: 4, 3: 4, 2: 4}
+#: decoded elements per tile on the decode path (as ``Int4PackMixin``)
+TILE_ELEMENTS = 1 << 19
+
+
+@dataclass(frozen=True)
+class Part:
+    """One 4-bit part: the input channels its K positions read, and its int4 runtime."""
+
+    rows: torch.Tensor
+    rt: Int4PackRuntime
+
+
+def part_weights(q_weight: torch.Tensor, scales: torch.Tensor, p: exl2.Exl2Params) -> list[tuple[int, AffineWeight]]:
+    """``(first stored row, 4-bit AffineWeight over the part's stored rows)`` per part, from ``q_weight`` and the
+    float16 group scales ``[G, N]`` (``exl2.row_scales``); summed over parts they are the layer's weight exactly."""
+    codes = exl2.stored_codes(q_weight, p)  # uint8 [K, N]
+    n = codes.shape[1]
+    out = []
+    for seg in exl2_runtime.segments(p, CPU_BITS):
+        c = codes[seg.row0:seg.row0 + seg.rows].to(torch.int16) + seg.shifts(p)[:, None]
+        lengths = torch.tensor(p.group_rows[seg.first:seg.first + seg.count])
+        s = torch.repeat_interleave(scales[seg.first:seg.first + seg.count].float(), lengths // seg.group, dim=0)
+        pieces = [(c, s, 8)] if seg.bits == 4 else [(c >> 4, s * 16, 8), (c & 15, s, 0)]
+        g_idx = (torch.arange(seg.rows) // seg.group).to(torch.int32)
+        for cc, ss, zero in pieces:
+            out.append((seg.row0, AffineWeight(cc.t().to(torch.uint8).contiguous(), ss.t().contiguous(),
+                                               torch.full((n, ss.shape[0]), zero, dtype=torch.int32), g_idx, 4,
+                                               seg.group, zero == 8)))
+    return out
+
+
+def parts_of(q_weight: torch.Tensor, scales: torch.Tensor, perm: torch.Tensor, p: exl2.Exl2Params) -> list[Part]:
+    """The layer's parts with their int4 runtimes (``perm``, int64: the input channel of each stored row)."""
+    return [Part(perm[r0:r0 + q.in_features].contiguous(), runtime_of(q))
+            for r0, q in part_weights(q_weight, scales, p)]
+
+
+class Exl2CpuLinear(Exl2TorchLinear):
+    """EXL2 (2/3/4/5/6/8-bit row groups) on CPU as 4-bit parts run by the int4 kernels (bfloat16 arithmetic)."""
+
+    backend = BACKEND.EXL2_CPU
+    caps = Caps(
+        formats={FORMAT.EXL2: 20},
+        bits=frozenset(exl2.BITS),
+        group_sizes=None,
+        desc_act=None,
+        sym=None,
+        devices=frozenset({DEVICE.CPU}),
+        dtypes=frozenset({torch.float16, torch.bfloat16}),  # bfloat16 arithmetic: float32 stays on Exl2TorchLinear
+        pack_dtypes=frozenset({torch.int32}),
+        out_divisible=8,
+    )
+
+    @classmethod
+    def runtime_target_reasons(cls, target: Target) -> list[str]:
+        return ops_reasons(target)
+
+    @classmethod
+    def describe_runs(cls, problem: Problem, target: Target) -> str:
+        p = problem.scheme.layout_params
+        segs = exl2_runtime.segments(p, CPU_BITS) if isinstance(p, exl2.Exl2Params) else ()
+        parts = sum(1 if s.bits == 4 else 2 for s in segs)
+        return (f"{parts} 4-bit part(s) on the int4 kernels (4/3/2-bit groups as 4-bit codes; 8/6/5-bit groups as "
+                "two exact nibble parts), each on its path by M (native AVX512-BF16 / AMX, the int4pack op, decode + "
+                "bfloat16 GEMM), summed in float32")
+
+    def register_checkpoint_buffers(self, bias: bool) -> None:
+        super().register_checkpoint_buffers(bias)
+        self._parts: list[Part] = []
+
+    def prepare(self) -> None:
+        """Check the file's tensors and build the 4-bit parts from them."""
+        super().prepare()  # checks the tensors; q_perm (int64), the float16 group scales
+        self._parts = parts_of(self.q_weight, self._scales, self._perm, exl2_params(self.scheme))
+        self._scales = self._groups = None  # the torch decode's tensors: the parts hold the weight now
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k, n = self.in_features, self.out_features
+        self.check_input(x, "cpu")
+        self.ensure_prepared()
+        xb = x.reshape(-1, k).to(torch.bfloat16)
+        m = xb.shape[0]
+        grad = torch.is_grad_enabled() and xb.requires_grad
+        y: torch.Tensor | None = None
+        for part in self._parts:
+            rt = part.rt
+            xp = xb.index_select(1, part.rows)
+            if rt.k_pad > xp.shape[1]:
+                xp = F.pad(xp, (0, rt.k_pad - xp.shape[1]))
+            path = choose_path(rt, m, part.rows.numel(), n, grad, type(self).__name__)
+            out = run_path(rt, xp, path, TILE_ELEMENTS, type(self).__name__)[:, :n]
+            # float32 sums in place, one pass a part (fresh float32 sums took 20 ms of 48 at M=256 on one thread)
+            y = out.float() if y is None else y + out if grad else y.add_(out)
+        assert y is not None  # an EXL2 layer has at least one group
+        if self.bias is not None:
+            y = y.add_(self.bias) if not grad else y + self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], n)
+
+
+KERNELS = (Exl2CpuLinear,)
