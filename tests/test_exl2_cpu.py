@@ -92,7 +92,7 @@ def test_selector_runs_half_precision_exl2_here_and_float32_exactly() -> None:
     cpu = Target.fake_cpu(ops={op: True for op in ("aten._weight_int4pack_mm_for_cpu",
                                                    "aten._convert_weight_to_int4pack_for_cpu")})
     bf = select(Problem(scheme(PARAMS[0]), dtype=torch.bfloat16), cpu)
-    assert bf.kernel is Exl2CpuLinear and "3 4-bit part(s)" in bf.runs  # 8-bit run: two nibble parts; 4-bit run: one
+    assert bf.kernel is Exl2CpuLinear and "3 4-bit part(s) merged into one 4-bit weight of 352 K positions" in bf.runs
     assert select(Problem(scheme(PARAMS[0]), dtype=torch.float32), cpu).kernel is Exl2TorchLinear
     no_op = explain(Problem(scheme(PARAMS[0]), dtype=torch.bfloat16), Target.fake_cpu(
         ops={"aten._weight_int4pack_mm_for_cpu": False, "aten._convert_weight_to_int4pack_for_cpu": False}))
