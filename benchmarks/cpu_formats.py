@@ -33,10 +33,10 @@ def say(line: str = "") -> None:
 
 
 def gptq(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
-    from qlinear import QuantLinear, quantize_rtn
+    from qlinear import create_layer, quantize_rtn
 
     q = quantize_rtn(torch.randn(n, k, generator=gen) * 0.02, bits=4, group_size=128, sym=True)
-    return QuantLinear.create(q, format="gptq_v2", dtype=torch.bfloat16)
+    return create_layer(q, format="gptq_v2", dtype=torch.bfloat16)
 
 
 def mlx(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:

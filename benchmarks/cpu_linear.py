@@ -42,7 +42,7 @@ from collections.abc import Callable  # noqa: E402
 
 import torch  # noqa: E402
 
-from qlinear import QuantLinear, quantize_rtn  # noqa: E402
+from qlinear import QuantLinear, create_layer, quantize_rtn  # noqa: E402
 from qlinear.kernels import cpu_int4, cpu_int8, native_int4  # noqa: E402
 from qlinear.layouts.int4pack import OP_GROUP_SIZES  # noqa: E402
 
@@ -101,7 +101,7 @@ def build(k: int, n: int, seed: int = 0, only: tuple[str, ...] = ()) -> dict[str
     for label, backend, fmt, bits in KERNELS:
         if only and not label.startswith(only):
             continue
-        layer = QuantLinear.create(q[bits], format=fmt, backend=backend, dtype=torch.bfloat16)
+        layer = create_layer(q[bits], format=fmt, backend=backend, dtype=torch.bfloat16)
         if backend == "auto":
             label = f"AUTO = {type(layer).__name__}"
         out[label] = layer
@@ -165,9 +165,9 @@ def path_layers(k: int, n: int, group: int = 128) -> tuple[QuantLinear, QuantLin
     """A 4-bit TorchAtenLinear and an 8-bit TorchInt8Linear of one random ``[n, k]`` weight."""
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(1)) * 0.02
     backend = "gptq_torch_aten" if group in OP_GROUP_SIZES else "gptq_torch_cpu_avx512"  # g16: no op group
-    return (QuantLinear.create(quantize_rtn(w, bits=4, group_size=group), backend=backend,
+    return (create_layer(quantize_rtn(w, bits=4, group_size=group), backend=backend,
                                dtype=torch.bfloat16),
-            QuantLinear.create(quantize_rtn(w, bits=8, group_size=group), backend="gptq_torch_int8",
+            create_layer(quantize_rtn(w, bits=8, group_size=group), backend="gptq_torch_int8",
                                dtype=torch.bfloat16))
 
 

@@ -63,7 +63,7 @@ def check(name: str, fmt: str, dtypes: tuple[torch.dtype, ...]) -> list[str]:
             continue
         tol = 2e-2 if dtype == torch.bfloat16 else 1e-2  # bf16 output and, for Machete, bf16 -s*z zeros
         try:
-            layer = qlinear.QuantLinear.create(q, format=fmt, backend=cls.backend, device="cuda", dtype=dtype)
+            layer = qlinear.create_layer(q, format=fmt, backend=cls.backend, device="cuda", dtype=dtype)
             y = layer(x).double()
             err = ((y - ref).abs().max() / ref.abs().max()).item()
             rows.append(f"| {tag} | {'ok' if err < tol else 'MISMATCH'} | {err:.1e} |")
@@ -87,7 +87,7 @@ def bench(reps: int) -> list[str]:
     layers = {"bf16": lambda x: F.linear(x, dense)}
     for backend, fmt in (("gptq_triton", "gptq_v2"), ("gptq_marlin", "gptq_v2"), ("gptq_machete", "gptq"),
                          ("awq_marlin", "gemm"), ("awq_machete", "gemm")):
-        layers[backend] = qlinear.QuantLinear.create(q, format=fmt, backend=backend, device="cuda",
+        layers[backend] = qlinear.create_layer(q, format=fmt, backend=backend, device="cuda",
                                                      dtype=torch.bfloat16)
     rows = ["| M | " + " | ".join(f"{b} us" for b in layers) + " | triton / marlin | triton / machete |",
             "|" + " --- |" * (len(layers) + 3)]

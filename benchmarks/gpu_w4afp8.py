@@ -27,14 +27,14 @@ MS = (1, 16, 256, 1024, 4096)
 def layers(k: int, n: int, gen: torch.Generator):
     """A random symmetric 4-bit g128 weight (codes and scales drawn directly: fast at 8192x28672) as W4AFP8Linear
     and as the layer AUTO builds for bfloat16 (the W4A16 Triton kernels)."""
-    from qlinear import AffineWeight, QuantLinear
+    from qlinear import AffineWeight, create_layer
 
     q = AffineWeight(codes=torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8),
                      scales=torch.rand(n, k // 128, generator=gen) * 0.01 + 0.001,
                      zeros=torch.full((n, k // 128), 8, dtype=torch.int32),
                      g_idx=torch.arange(k, dtype=torch.int32) // 128, bits=4, group_size=128, sym=True)
-    fp8 = QuantLinear.create(q, backend="gptq_w4afp8", device="cuda", dtype=torch.bfloat16)
-    w16 = QuantLinear.create(q, backend="auto", device="cuda", dtype=torch.bfloat16)
+    fp8 = create_layer(q, backend="gptq_w4afp8", device="cuda", dtype=torch.bfloat16)
+    w16 = create_layer(q, backend="auto", device="cuda", dtype=torch.bfloat16)
     return q, fp8, w16
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from qlinear import FORMAT, QuantLinear, RetiredKernelError, Scheme, Target, quantize_rtn, select
+from qlinear import FORMAT, QuantLinear, RetiredKernelError, Scheme, Target, create_layer, quantize_rtn, select
 from qlinear.caps import Problem
 from qlinear.enums import DEVICE
 from qlinear.kernels import cpu_int4, cpu_int8, native_int4
@@ -58,7 +58,7 @@ def fmt_of(cls: type[QuantLinear]) -> str:
 def build(cls: type[QuantLinear], bits: int, group: int, sym: bool, desc_act: bool, k: int, n: int,
           dtype: torch.dtype, fmt: str | None = None, bias: bool = False, seed: int = 0) -> QuantLinear:
     q = quantize_rtn(make_weight(n, k, seed), bits=bits, group_size=group, sym=sym, desc_act=desc_act)
-    layer = QuantLinear.create(q, format=fmt or fmt_of(cls), backend=cls.backend, dtype=dtype,
+    layer = create_layer(q, format=fmt or fmt_of(cls), backend=cls.backend, dtype=dtype,
                                bias=torch.randn(n) * 0.1 if bias else None)
     assert type(layer) is cls
     return layer
@@ -183,7 +183,7 @@ def test_int8_asymmetric_zeros_beyond_the_int8_range(group: int) -> None:
     w = torch.rand(48, 200, generator=torch.Generator().manual_seed(3)) + 0.01
     q = quantize_rtn(w, bits=8, group_size=group, sym=False)
     assert int(q.zeros.max()) == 0 and int(q.codes.max()) == 255
-    layer = QuantLinear.create(q, format="gptq_v2", backend="gptq_torch_int8", dtype=torch.float32)
+    layer = create_layer(q, format="gptq_v2", backend="gptq_torch_int8", dtype=torch.float32)
     w64 = oracle(layer)
     for m in (1, 37):
         x = torch.randn(m, 200)

@@ -86,15 +86,7 @@ def test_paraphrases_closer_than_unrelated(model: MiniLM, batch: dict[str, torch
     assert sim[0, 1] > sim[0, 2] + 0.3 and sim[0, 1] > sim[0, 3] + 0.3
 
 
-def _quant_api() -> None:
-    import qlinear
-
-    if not hasattr(getattr(qlinear, "QuantLinear", None), "create"):
-        pytest.skip("qlinear.QuantLinear.create not available yet")
-
-
 def test_8bit_rtn_close_to_fp32(model: MiniLM, batch: dict[str, torch.Tensor]) -> None:
-    _quant_api()
     from qlinear.demo.__main__ import why
     from qlinear.model import linear_names, quantize_linears
 
@@ -111,7 +103,6 @@ def test_8bit_rtn_close_to_fp32(model: MiniLM, batch: dict[str, torch.Tensor]) -
 
 
 def test_main_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    _quant_api()
     from qlinear.demo.__main__ import main
 
     assert main(["--bits", "8", "--repeats", "1"]) == 0

@@ -154,15 +154,15 @@ def test_bfloat16_mlx_scales_are_refused_by_float16_gptq() -> None:
 def test_checkpoint_directories_convert_both_ways(tmp_path: Path) -> None:
     """A GPTQ v2 checkpoint -> mlx-lm layout (config.json "quantization", no quantize_config.json) -> GPTQ v2 again:
     every tensor identical to the first."""
+    from qlinear import create_layer
     from qlinear.checkpoint.plan import find_tensors, plan_checkpoint
     from qlinear.checkpoint.safetensors_io import read_tensor
     from qlinear.checkpoint.save import convert_checkpoint, save_checkpoint
-    from qlinear.kernels.base import QuantLinear
 
     layers = {}
     for i, (n, k) in enumerate(((64, 256), (128, 256))):
         q = quantize_rtn(torch.randn(n, k, generator=torch.Generator().manual_seed(i)) * 0.02, 4, 128, sym=True)
-        layers[f"model.layers.0.mlp.p{i}"] = QuantLinear.create(q, format="gptq_v2", bias=torch.randn(n).half())
+        layers[f"model.layers.0.mlp.p{i}"] = create_layer(q, format="gptq_v2", bias=torch.randn(n).half())
     src = save_checkpoint(layers, tmp_path / "gptq", "gptq_v2", config={"model_type": "llama"})
     mid = convert_checkpoint(src, tmp_path / "mlx", "mlx")
     assert not (mid / "quantize_config.json").exists()

@@ -80,13 +80,13 @@ def test_state_dict_is_the_checkpoint_module() -> None:
 
 
 def test_create_from_a_symmetric_gptq_weight() -> None:
-    """``QuantLinear.create(q, format="mlx")``: the weight goes in through ``load_affine`` (biases -8 s, exact)."""
+    """``create_layer(q, format="mlx")``: the weight goes in through ``load_affine`` (biases -8 s, exact)."""
+    from qlinear import create_layer
     from qlinear.affine import quantize_rtn
-    from qlinear.kernels.base import QuantLinear
 
     q = quantize_rtn(torch.randn(32, 256) * 0.02, 4, 64, sym=True)
     q = type(q)(q.codes, q.scales.half(), q.zeros, q.g_idx, q.bits, q.group_size, q.sym)
-    layer = QuantLinear.create(q, format="mlx", dtype=torch.float32)
+    layer = create_layer(q, format="mlx", dtype=torch.float32)
     assert isinstance(layer, MlxTorchLinear) and layer.biases.dtype == torch.float16
     assert torch.equal(layer.biases.double(), -8 * layer.scales.double())
     assert torch.equal(layer.affine().zeros, q.zeros) and torch.equal(layer.affine().codes, q.codes)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qlinear import QuantLinear, quantize_rtn
+from qlinear import create_layer, quantize_rtn
 from qlinear.kernels import cpu_int4
 
 native = pytest.importorskip("qlinear_native", reason="optional extra: pip install ./native (needs a C compiler)")
@@ -49,7 +49,7 @@ def test_bad_sizes_are_refused() -> None:
 
 def test_layer_output_is_identical_with_and_without_the_native_decode(monkeypatch: pytest.MonkeyPatch) -> None:
     w = torch.randn(192, 384, generator=torch.Generator().manual_seed(1)) * 0.02
-    layer = QuantLinear.create(quantize_rtn(w, bits=4, group_size=64, sym=False), format="gptq_v2",
+    layer = create_layer(quantize_rtn(w, bits=4, group_size=64, sym=False), format="gptq_v2",
                                backend="gptq_torch_cpu_avx512", dtype=torch.bfloat16)
     x = torch.randn(70, 384, dtype=torch.bfloat16)
     monkeypatch.setattr(layer, "path", lambda m, grad: cpu_int4.Path.DECODE)  # not AMX, where installed

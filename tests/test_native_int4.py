@@ -164,10 +164,10 @@ def test_missing_extra_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_explain_says_how_the_layer_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """``Choice.runs``: the extra's kernels by M where installed, else the torch paths and the install command."""
-    from qlinear import QuantLinear, quantize_rtn
+    from qlinear import create_layer, quantize_rtn
 
     q = quantize_rtn(torch.randn(128, 256), bits=4, group_size=128)
-    layer = QuantLinear.create(q, format="gptq_v2", backend="gptq_torch_cpu_avx512", dtype=BF16)
+    layer = create_layer(q, format="gptq_v2", backend="gptq_torch_cpu_avx512", dtype=BF16)
     text = layer.choice.explain()
     assert "runs: " in text and layer.choice.to_dict()["runs"] == layer.choice.runs
     if all(RUNS.values()):
@@ -175,7 +175,7 @@ def test_explain_says_how_the_layer_runs(monkeypatch: pytest.MonkeyPatch) -> Non
                                             "int4_mm_weights (AMX) at M=65..1024, then decode + bfloat16 "
                                             "GEMM above")
     monkeypatch.setattr(native_int4, "_MODULE", False)
-    layer = QuantLinear.create(q, format="gptq_v2", backend="gptq_torch_cpu_avx512", dtype=BF16)
+    layer = create_layer(q, format="gptq_v2", backend="gptq_torch_cpu_avx512", dtype=BF16)
     assert "the int4pack op up to M=" in layer.choice.runs and "pip install ./native" in layer.choice.runs
     monkeypatch.setattr(native_int4, "_MODULE", None)
     monkeypatch.setattr(mod, "amx_available", lambda: False)  # an AVX512-BF16 CPU without AMX (e.g. Zen 4)

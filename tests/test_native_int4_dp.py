@@ -145,12 +145,12 @@ def test_routing_without_amx(no_amx: None) -> None:
 
 def test_layer_without_amx_runs_dp_and_says_so(no_amx: None) -> None:
     """A GPTQ layer on the int4pack kernels: explain() names int4_mm_dp, and M above the op's range takes it."""
-    from qlinear import QuantLinear, quantize_rtn
+    from qlinear import create_layer, quantize_rtn
     from qlinear.kernels import cpu_int4
 
     w = torch.randn(192, 256, generator=torch.Generator().manual_seed(5))
     q = quantize_rtn(w, bits=4, group_size=128)
-    layer = QuantLinear.create(q, format="gptq_v2", backend="gptq_torch_cpu_avx512", dtype=BF16)
+    layer = create_layer(q, format="gptq_v2", backend="gptq_torch_cpu_avx512", dtype=BF16)
     assert "int4_mm_dp (AVX512-BF16, no AMX on this CPU)" in layer.choice.runs and "runs: " in layer.choice.explain()
     m = native_int4.OP_MAX_M_WITHOUT_AMX + 5
     assert layer.path(m, False) is cpu_int4.Path.NATIVE
@@ -222,7 +222,7 @@ def test_cooper_lake_routing(cooper_lake: None) -> None:
     """``set_vbmi_allowed(False)`` (an AVX512-BF16 CPU without VBMI or AMX: Cooper Lake): no ``int4_mv``; the
     int4pack op up to ``OP_MAX_M_WITHOUT_AMX``, then ``int4_mm_dp`` with its VBMI-free decode, and explain() says
     so; groups the op cannot take go to ``int4_mm_dp`` from M = 1."""
-    from qlinear import QuantLinear, quantize_rtn
+    from qlinear import create_layer, quantize_rtn
     from qlinear.kernels import cpu_int4
 
     top = native_int4.OP_MAX_M_WITHOUT_AMX
@@ -234,7 +234,7 @@ def test_cooper_lake_routing(cooper_lake: None) -> None:
     assert "int4_mv" not in text and "decoded without VBMI" in text and f"the int4pack op at M=1..{top}" in text
     w = torch.randn(192, 256, generator=torch.Generator().manual_seed(7))
     q = quantize_rtn(w, bits=4, group_size=128)
-    layer = QuantLinear.create(q, format="gptq_v2", backend="gptq_torch_cpu_avx512", dtype=BF16)
+    layer = create_layer(q, format="gptq_v2", backend="gptq_torch_cpu_avx512", dtype=BF16)
     assert "decoded without VBMI" in layer.choice.runs
     assert layer.path(1, False) is cpu_int4.Path.OP and layer.path(top + 5, False) is cpu_int4.Path.NATIVE
     x = torch.randn(top + 5, 256, generator=torch.Generator().manual_seed(8)).to(BF16)

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qlinear import QuantLinear, quantize_rtn
+from qlinear import QuantLinear, create_layer, quantize_rtn
 from qlinear.checkpoint import load_checkpoint
 from qlinear.checkpoint.safetensors_io import CheckpointError, read_header, read_tensor, write_file
 
@@ -59,7 +59,7 @@ def test_zero_scale_is_a_pruned_group(tmp_path: Path) -> None:
 def layer_of(backend: str, k: int, n: int, bits: int = 4, fmt: str = "gptq_v2") -> QuantLinear:
     g = torch.Generator().manual_seed(k + bits)
     q = quantize_rtn(torch.randn(n, k, generator=g) * 0.02, bits=bits, group_size=128, sym=False)
-    return QuantLinear.create(q, format=fmt, backend=backend, dtype=torch.float16)
+    return create_layer(q, format=fmt, backend=backend, dtype=torch.float16)
 
 
 CPU_BACKENDS = (("gptq_torch", 4, "gptq_v2"), ("gptq_torch_aten", 4, "gptq_v2"), ("gptq_torch_fused", 4, "gptq_v2"),

@@ -13,9 +13,9 @@ import torch
 from qlinear import (
     FORMAT,
     NoKernelError,
-    QuantLinear,
     Scheme,
     TorchLinear,
+    create_layer,
     hf_check_best_packing_format,
     hf_check_packing_feasibility,
     hf_pack_layer,
@@ -104,7 +104,7 @@ def test_checkpoint_format_switch_and_post_init() -> None:
 
 def test_repack_layer() -> None:
     q, _ = fake_quantized()
-    layer = QuantLinear.create(q, dtype=torch.float32)
+    layer = create_layer(q, dtype=torch.float32)
     assert hf_repack_layer(layer) is layer
     half = hf_repack_layer(layer, dtype=torch.bfloat16)
     assert half is not layer and half.dtype == torch.bfloat16

@@ -13,7 +13,7 @@ import threading
 import pytest
 import torch
 
-from qlinear import QuantLinear, quantize_rtn
+from qlinear import QuantLinear, create_layer, quantize_rtn
 
 THREADS, ROUNDS = 8, 6
 K, N = 512, 96
@@ -23,7 +23,7 @@ def affine_layer(fmt: str, backend: str, bits: int = 4, dtype: torch.dtype = tor
                  device: str = "cpu") -> QuantLinear:
     g = torch.Generator().manual_seed(bits)
     q = quantize_rtn(torch.randn(N, K, generator=g) * 0.02, bits=bits, group_size=64, sym=False)
-    return QuantLinear.create(q, format=fmt, backend=backend, dtype=dtype, device=device)
+    return create_layer(q, format=fmt, backend=backend, dtype=dtype, device=device)
 
 
 LAYERS = {

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from qlinear import AffineWeight, ConfigError, QuantLinear, Scheme, Target, quantize_rtn
+from qlinear import AffineWeight, ConfigError, QuantLinear, Scheme, Target, create_layer, quantize_rtn
 from qlinear.caps import Problem
 from qlinear.kernels.awq_base import AwqQuantLinear
 from qlinear.kernels.planned.awq import AwqTorchLinear as Declared
@@ -32,7 +32,7 @@ def make_weight(n: int, k: int, seed: int) -> torch.Tensor:
 
 def make(q: AffineWeight, **kw: object) -> QuantLinear:
     """An AWQ GEMM layer on AwqTorchLinear (AUTO prefers the CPU int4pack kernels for 4-bit)."""
-    return QuantLinear.create(q, format="gemm", backend="awq_torch", **kw)
+    return create_layer(q, format="gemm", backend="awq_torch", **kw)
 
 
 def oracle_weight(layer: QuantLinear) -> np.ndarray:
@@ -78,7 +78,7 @@ def test_declaration_is_the_reference_one_and_replaces_the_planned_class() -> No
     assert widened == {torch.float32} and AwqTorchLinear.implemented and not Declared.implemented
     assert replace(AwqTorchLinear.caps, dtypes=Declared.caps.dtypes) == Declared.caps
     assert kernel_by_name("AwqTorchLinear") is AwqTorchLinear
-    auto = QuantLinear.create(quantize_rtn(make_weight(16, 64, 1), bits=8, group_size=32), format="gemm")
+    auto = create_layer(quantize_rtn(make_weight(16, 64, 1), bits=8, group_size=32), format="gemm")
     assert isinstance(auto, AwqTorchLinear)  # AUTO: the only CPU kernel for 8-bit AWQ GEMM
     layer = make(quantize_rtn(make_weight(16, 64, 1), group_size=32), dtype=torch.bfloat16)
     assert isinstance(layer, AwqTorchLinear)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from qlinear import QuantLinear, Scheme, TorchLinear, TorchQuantEmbeddings, quantize_rtn
+from qlinear import QuantLinear, Scheme, TorchLinear, TorchQuantEmbeddings, create_layer, quantize_rtn
 from qlinear.enums import FORMAT
 from tests.oracle.gptq_numpy import dequantize_checkpoint
 
@@ -55,7 +55,7 @@ def test_forward_matches_float64_oracle(fmt, bits, group, sym, desc_act, pack, k
     w = make_weight(n, k, seed=bits * 1000 + k)
     bias = torch.randn(n) * 0.1
     q = quantize_rtn(w, bits=bits, group_size=group, sym=sym, desc_act=desc_act)
-    layer = QuantLinear.create(q, format=fmt, backend="gptq_torch", dtype=dtype, bias=bias, pack_dtype=pack)
+    layer = create_layer(q, format=fmt, backend="gptq_torch", dtype=dtype, bias=bias, pack_dtype=pack)
     assert isinstance(layer, TorchLinear) and layer.scheme.format is FORMAT(fmt)
     w64 = oracle_weight(layer)
     # The decoded weight is exact: fp16 scale times a small integer fits float32.
@@ -73,7 +73,7 @@ def test_forward_matches_float64_oracle(fmt, bits, group, sym, desc_act, pack, k
 @pytest.mark.parametrize("desc_act", [False, True])
 def test_tiled_forward_equals_single_tile(monkeypatch, desc_act: bool) -> None:
     q = quantize_rtn(make_weight(64, 512, 1), bits=4, group_size=32, sym=False, desc_act=desc_act)
-    layer = QuantLinear.create(q, backend="gptq_torch", dtype=torch.float32)
+    layer = create_layer(q, backend="gptq_torch", dtype=torch.float32)
     x = torch.randn(5, 512)
     whole = x @ layer.dequantize().t()
     monkeypatch.setattr("qlinear.kernels.torch.TILE_ELEMENTS", 512 * 16)
@@ -83,7 +83,7 @@ def test_tiled_forward_equals_single_tile(monkeypatch, desc_act: bool) -> None:
 
 def test_state_dict_holds_only_the_checkpoint_layout() -> None:
     q = quantize_rtn(make_weight(48, 128, 2), bits=4, group_size=64, sym=False)
-    layer = QuantLinear.create(q, format="gptq", backend="gptq_torch", dtype=torch.float32, bias=torch.zeros(48))
+    layer = create_layer(q, format="gptq", backend="gptq_torch", dtype=torch.float32, bias=torch.zeros(48))
     sd = layer.state_dict()
     assert set(sd) == {"qweight", "qzeros", "scales", "g_idx", "bias"}
     assert sd["qweight"].shape == (16, 48) and sd["qweight"].dtype == torch.int32
@@ -97,7 +97,7 @@ def test_state_dict_holds_only_the_checkpoint_layout() -> None:
 def test_runtime_state_follows_buffer_mutation() -> None:
     q1 = quantize_rtn(make_weight(32, 64, 3), bits=4, group_size=32)
     q2 = quantize_rtn(make_weight(32, 64, 4), bits=4, group_size=32)
-    layer = QuantLinear.create(q1, backend="gptq_torch", dtype=torch.float32)
+    layer = create_layer(q1, backend="gptq_torch", dtype=torch.float32)
     calls = []
     original = layer.prepare
     layer.prepare = lambda: (calls.append(1), original())[1]
@@ -117,7 +117,7 @@ def test_no_dense_weight_survives_forwards() -> None:
 
     k = n = 4096
     q = quantize_rtn(torch.randn(n, k) * 0.02, bits=4, group_size=128)
-    layer = QuantLinear.create(q, backend="gptq_torch", dtype=torch.bfloat16)
+    layer = create_layer(q, backend="gptq_torch", dtype=torch.bfloat16)
     del q
     x = torch.randn(4, k, dtype=torch.bfloat16)
     for _ in range(10):
@@ -132,7 +132,7 @@ def test_no_dense_weight_survives_forwards() -> None:
 
 
 def test_forward_input_errors() -> None:
-    layer = QuantLinear.create(quantize_rtn(torch.randn(8, 32), bits=4, group_size=32), backend="gptq_torch",
+    layer = create_layer(quantize_rtn(torch.randn(8, 32), bits=4, group_size=32), backend="gptq_torch",
                                dtype=torch.float32)
     with pytest.raises(ValueError, match=r"input: expected last dimension 32 \(in_features\), got shape \(2, 31\)"):
         layer(torch.randn(2, 31))
@@ -158,7 +158,7 @@ def test_cuda_forward_if_available() -> None:
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device here (the GPU checks live in tests/gpu and benchmarks/)")
     q = quantize_rtn(make_weight(64, 256, 6), bits=4, group_size=64, sym=False)
-    layer = QuantLinear.create(q, device="cuda", dtype=torch.float16)
+    layer = create_layer(q, device="cuda", dtype=torch.float16)
     x = torch.randn(3, 256, device="cuda", dtype=torch.float16)
     ref = x.double().cpu().numpy() @ oracle_weight(layer).T
     assert np.abs(layer(x).double().cpu().numpy() - ref).max() / np.abs(ref).max() < 2e-3

@@ -8,6 +8,7 @@ Importing qlinear touches no GPU, compiles nothing and reads no environment vari
 from .activations import ActQuant
 from .affine import AffineWeight, quantize_rtn
 from .blockfloat import FloatWeight
+from .build import create_float_layer, create_layer
 from .caps import Caps, Problem
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .enums import BACKEND, DEVICE, FORMAT, METHOD, PLATFORM
@@ -49,6 +50,8 @@ __all__ = [
     "TorchLinear",
     "TorchQuantEmbeddings",
     "Verdict",
+    "create_float_layer",
+    "create_layer",
     "explain",
     "hf_check_best_packing_format",
     "hf_check_packing_feasibility",

@@ -13,6 +13,7 @@ from torch import nn
 
 from .activations import ActQuant
 from .affine import quantize_rtn
+from .build import create_layer
 from .enums import BACKEND
 from .kernels.base import QuantLinear
 
@@ -36,7 +37,7 @@ def quantize_linears(model: nn.Module, *, bits: int, group_size: int, sym: bool 
                      backend: str | BACKEND = "auto", device: str | torch.device = "cpu",
                      dtype: torch.dtype = torch.float32, desc_act: bool = False, clip_search: bool = False,
                      skip: tuple[str, ...] = (), progress: Progress | None = None) -> dict[str, QuantLinear]:
-    """Replace every ``nn.Linear`` in ``model`` (in place) by ``QuantLinear.create(quantize_rtn(weight))``.
+    """Replace every ``nn.Linear`` in ``model`` (in place) by ``create_layer(quantize_rtn(weight))``.
 
     Each layer goes through the selector on its own, so layers of different shapes may get different
     kernels; the returned mapping (module name -> layer) keeps each layer's ``.choice`` for reporting.
@@ -52,7 +53,7 @@ def quantize_linears(model: nn.Module, *, bits: int, group_size: int, sym: bool 
         q = quantize_rtn(lin.weight.detach(), bits=bits, group_size=group_size, sym=sym, desc_act=desc_act,
                          clip_search=clip_search)
         bias = None if lin.bias is None else lin.bias.detach()
-        layer = QuantLinear.create(q, format=format, backend=backend, device=device, dtype=dtype, bias=bias)
+        layer = create_layer(q, format=format, backend=backend, device=device, dtype=dtype, bias=bias)
         set_submodule(model, name, layer)
         done[name] = layer
         if progress is not None:

@@ -111,7 +111,7 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.scheme = scheme
         self.dtype = dtype
-        self.choice = None  # set by QuantLinear.create(): the selector's Choice, for explain()
+        self.choice = None  # set by build.create_layer(): the selector's Choice, for explain()
         self._runtime_key: tuple[object, ...] | None = None
         self.register_checkpoint_buffers(bias)
         act = scheme.activations
@@ -224,16 +224,6 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
-
-    @classmethod
-    def create(cls, q: AffineWeight, format: str = "gptq_v2", backend: str | BACKEND = BACKEND.AUTO,
-               device: str | torch.device = "cpu", dtype: torch.dtype = torch.float16,
-               bias: torch.Tensor | None = None, pack_dtype: torch.dtype | None = None) -> QuantLinear:
-        """Pack ``q`` in ``format``, choose a kernel for ``device`` (AUTO or the named backend) and build it."""
-        from ..build import create_layer
-
-        return create_layer(q, format=format, backend=backend, device=device, dtype=dtype, bias=bias,
-                            pack_dtype=pack_dtype)
 
 
 def _quantize_inputs(layer: QuantLinear, args: tuple[object, ...]) -> tuple[object, ...]:
