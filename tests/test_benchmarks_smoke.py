@@ -81,3 +81,13 @@ def test_e2e_decoder_small_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert rc == 0, out
     for row in ("| bf16 nn.Linear | ", "| GPTQ 4-bit g128 (AUTO) | ", "| GGUF Q4_K (AUTO) | "):
         assert row in out, out
+
+
+def test_exl2_resident_counts_the_runtime_not_the_words(capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    load("exl2_resident").main(["--shape", "1024x256"])
+    out = capsys.readouterr().out
+    assert "q_weight replaced: True" in out and "| codes |" in out
+    total = float(out.split("| total |")[1].split("|")[1])
+    assert total > 256 * 1024 * 4 / 8 / 2**20  # at least the 4-bit codes

@@ -7,6 +7,8 @@ What is checked against what:
   nibble split of 8/6/5-bit codes lose nothing;
 * forwards at M = 1, 5, 40 and 300 (the native kernels' GEMV and AMX tiles, the decode path) against the float64
   product of the oracle's weight, within bfloat16 rounding; gradients for the input;
+* once prepared the merged weight replaces ``q_weight``: the file's words rebuilt from its bytes equal the file's,
+  word for word (state_dict, a fresh torch layer's decode of them), and new words load into a prepared layer;
 * the selector: AUTO runs bfloat16 and float16 EXL2 layers here, float32 stays on the exact torch kernel.
 """
 
@@ -18,7 +20,7 @@ import torch
 
 from qlinear.caps import Problem
 from qlinear.kernels.exl2 import Exl2TorchLinear
-from qlinear.kernels.exl2_cpu import Exl2CpuLinear, part_weights
+from qlinear.kernels.exl2_cpu import Exl2CpuLinear, part_weights, stored_codes_of
 from qlinear.layouts import exl2
 from qlinear.select import explain, select
 from qlinear.spec import Scheme
@@ -72,6 +74,44 @@ def test_forward_matches_the_oracle(p: exl2.Exl2Params, m: int) -> None:
     assert err < 1.5e-2, f"relative error {err:.2e}"
     for name, v in t.items():  # the checkpoint is untouched
         assert torch.equal(lay.state_dict()[name], v), name
+
+
+def prepared(p: exl2.Exl2Params, seed: int) -> tuple[Exl2CpuLinear, dict[str, torch.Tensor]]:
+    t, _, _ = module(p, seed, N)
+    lay = Exl2CpuLinear(scheme(p), bias=True, dtype=torch.bfloat16)
+    lay.load_state_dict(t)
+    lay.prepare()
+    return lay, t
+
+
+@pytest.mark.parametrize("p", PARAMS)
+def test_the_merged_weight_replaces_q_weight_word_for_word(p: exl2.Exl2Params) -> None:
+    lay, t = prepared(p, 7)
+    assert lay.weight_replaced and lay.q_weight is None
+    assert torch.equal(stored_codes_of(lay._parts[0].rt, p, N), exl2.stored_codes(t["q_weight"], p))
+    sd = lay.state_dict()
+    for name, v in t.items():
+        assert torch.equal(sd[name], v), name
+    assert lay.q_weight is None  # saving rebuilt a transient copy only
+    fresh = Exl2TorchLinear(scheme(p), bias=True)
+    fresh.load_state_dict(sd)
+    w = fresh.dequantize(torch.float64).t().numpy()  # [K, N], input order, decoded by the torch kernel
+    assert np.array_equal(w, oracle_weight(t, p))
+
+
+def test_new_weights_load_into_a_prepared_layer() -> None:
+    p = PARAMS[1]
+    lay, _ = prepared(p, 8)
+    t2, _, _ = module(p, 9, N)
+    lay.load_state_dict(t2)
+    assert not lay.weight_replaced and torch.equal(lay.q_weight, t2["q_weight"])
+    x = torch.randn(2, p.in_features, generator=torch.Generator().manual_seed(1)).bfloat16()
+    with torch.no_grad():
+        y = lay(x)
+    assert lay.weight_replaced and lay.q_weight is None
+    ref = x.double().numpy() @ oracle_weight(t2, p) + t2["bias"].double().numpy()
+    assert float(np.linalg.norm(y.double().numpy() - ref) / np.linalg.norm(ref)) < 1.5e-2
+    assert torch.equal(lay.state_dict()["q_weight"], t2["q_weight"])
 
 
 def test_input_gradient_and_errors() -> None:

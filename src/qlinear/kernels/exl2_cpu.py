@@ -13,8 +13,9 @@ the GPTQ CPU kernels use (``cpu_int4.runtime_of``):
 The parts are concatenated along K into one 4-bit weight (``merged``; an 8-bit row's two nibble parts read the same
 input channel twice), so a forward is one gather of x and one int4 product on the path M picks
 (``cpu_int4.choose_path``). The arithmetic is the GPTQ CPU kernels' (bfloat16 weights and activations, float32
-sums), so float32 activations stay on the exact ``Exl2TorchLinear``. The runtime sits beside ``q_weight``, which
-stays the layer's checkpoint (state_dict, dequantize and sharding read it).
+sums), so float32 activations stay on the exact ``Exl2TorchLinear``. The merged weight keeps every code, so it
+replaces ``q_weight`` (``Exl2ReplacedWeight``): the file's words are rebuilt from its bytes (``stored_codes_of``)
+when saved, decoded or sharded.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from ..layouts import exl2
 from ..target import Target
 from . import exl2_runtime
 from .cpu_int4 import Int4PackRuntime, choose_path, ops_reasons, run_path, runtime_of
-from .exl2 import Exl2TorchLinear, exl2_params
+from .exl2 import exl2_params
+from .exl2_replaced import Exl2ReplacedWeight
 
 #: EXL2 width -> the width its codes take before the CPU parts are cut (8-bit runs become two 4-bit parts)
 CPU_BITS = {8: 8, 6: 8, 5: 8, 4: 4, 3: 4, 2: 4}
@@ -80,13 +82,33 @@ def merged(parts: list[tuple[int, AffineWeight]]) -> tuple[torch.Tensor, AffineW
     return rows, AffineWeight(codes, scales, zeros, g_idx, 4, g, bool((zeros == 8).all()))
 
 
+def stored_codes_of(rt: Int4PackRuntime, p: exl2.Exl2Params, n: int) -> torch.Tensor:
+    """``merged`` undone: the stored codes ``[K, N]`` uint8 from the runtime's bytes (``cpu_int4.pack_blocks`` read
+    back; 4-bit parts shifted down, the two nibble parts of a wide row joined)."""
+    if not rt.block or rt.ret_idx is not None:
+        raise ValueError("stored_codes_of: expected the decode path's block layout in K order, got "
+                         f"block {rt.block}, reordered K: {rt.ret_idx is not None}")
+    blocks, k_pad, half = rt.packed.shape
+    nib = torch.stack((rt.packed & 15, rt.packed >> 4), dim=1)  # [N/B, 2, K, B/2]
+    positions = nib.transpose(2, 3).reshape(blocks * 2 * half, k_pad)[:n].t()  # [K positions, N]
+    codes = torch.empty(p.in_features, n, dtype=torch.uint8)
+    pos = 0
+    for seg in exl2_runtime.segments(p, CPU_BITS):
+        c = positions[pos:pos + seg.rows].to(torch.int16)
+        if seg.bits == 8:
+            c = (c << 4) | positions[pos + seg.rows:pos + 2 * seg.rows]
+        pos += seg.rows * (1 if seg.bits == 4 else 2)
+        codes[seg.row0:seg.row0 + seg.rows] = (c - seg.shifts(p)[:, None]).to(torch.uint8)
+    return codes
+
+
 def parts_of(q_weight: torch.Tensor, scales: torch.Tensor, perm: torch.Tensor, p: exl2.Exl2Params) -> list[Part]:
     """The layer's weight as int4 runtimes (``perm``, int64: the input channel of each stored row): one, merged."""
     rows, q = merged(part_weights(q_weight, scales, p))
     return [Part(perm[rows].contiguous(), runtime_of(q))]
 
 
-class Exl2CpuLinear(Exl2TorchLinear):
+class Exl2CpuLinear(Exl2ReplacedWeight):
     """EXL2 (2/3/4/5/6/8-bit row groups) on CPU as 4-bit parts run by the int4 kernels (bfloat16 arithmetic)."""
 
     backend = BACKEND.EXL2_CPU
@@ -120,11 +142,26 @@ class Exl2CpuLinear(Exl2TorchLinear):
         super().register_checkpoint_buffers(bias)
         self._parts: list[Part] = []
 
+    def rebuild_q_weight(self) -> torch.Tensor:
+        p = exl2_params(self.scheme)
+        return exl2.pack_codes(stored_codes_of(self._parts[0].rt, p, self.out_features), p)
+
+    def runtime_anchor(self) -> torch.Tensor:
+        return self._parts[0].rt.packed
+
+    def drop_runtime(self) -> None:
+        self._parts = []
+
     def prepare(self) -> None:
-        """Check the file's tensors and build the 4-bit parts from them."""
+        """Check the file's tensors, build the 4-bit parts from them and, where their bytes can be read back, drop
+        ``q_weight`` (once: afterwards the parts are the weight)."""
+        if self.weight_replaced:
+            return
         super().prepare()  # checks the tensors; q_perm (int64), the float16 group scales
         self._parts = parts_of(self.q_weight, self._scales, self._perm, exl2_params(self.scheme))
-        self._scales = self._groups = None  # the torch decode's tensors: the parts hold the weight now
+        self._perm = self._scales = self._groups = None  # the torch decode's tensors: the parts hold the weight now
+        if self._parts[0].rt.block and self._parts[0].rt.ret_idx is None:
+            self.replace_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k, n = self.in_features, self.out_features

@@ -18,7 +18,8 @@ from ..enums import BACKEND, DEVICE, FORMAT
 from ..layouts import exl2
 from ..target import Target
 from . import exl2_runtime
-from .exl2 import Exl2TorchLinear, exl2_params
+from .exl2 import exl2_params
+from .exl2_replaced import Exl2ReplacedWeight
 from .triton.runtime import interpreting
 from .triton_gptq import device_facts, fitted_config, triton_version_reasons, unfit_variants
 
@@ -26,7 +27,7 @@ from .triton_gptq import device_facts, fitted_config, triton_version_reasons, un
 SEGMENT_TENSORS = ("qweight", "scales", "perm", "xorder")
 
 
-class Exl2TritonLinear(Exl2TorchLinear):
+class Exl2TritonLinear(Exl2ReplacedWeight):
     """EXL2 (2/3/4/5/6/8-bit row groups) on CUDA: widened losslessly to 2/4/8-bit GPTQ layouts run by Triton."""
 
     backend = BACKEND.EXL2_TRITON
@@ -66,8 +67,6 @@ class Exl2TritonLinear(Exl2TorchLinear):
                 self.register_buffer(f"_s{i}_{name}", None, persistent=False)
         self._seg_meta: list[tuple[int, ...]] = []
         self._segments: tuple[exl2_runtime.Segment, ...] = ()
-        #: ``q_weight`` was dropped for the segments (``prepare``); ``tensors()`` rebuilds it
-        self.weight_replaced = False
 
     # ------------------------------------------------------------------ checkpoint <-> runtime
     def packs(self) -> list[Any]:
@@ -78,45 +77,17 @@ class Exl2TritonLinear(Exl2TorchLinear):
                        getattr(self, f"_s{i}_perm"), *meta, xorder=getattr(self, f"_s{i}_xorder"))
                 for i, meta in enumerate(self._seg_meta)]
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """The checkpoint tensors; once the segments replaced ``q_weight``, it is rebuilt from them (transient)."""
-        t = super().tensors()
-        if self.weight_replaced:
-            t["q_weight"] = exl2_runtime.to_q_weight(self.packs(), exl2_params(self.scheme))
-        return t
+    def rebuild_q_weight(self) -> torch.Tensor:
+        return exl2_runtime.to_q_weight(self.packs(), exl2_params(self.scheme))
 
-    def checkpoint_tensors(self) -> list[torch.Tensor | None]:
-        """What the runtime is derived from (identity keys it): with ``q_weight`` replaced, the first segment's
-        words in its place."""
-        if not self.weight_replaced:
-            return super().checkpoint_tensors()
-        return [self._s0_qweight, self.q_invperm, self.q_scale, self.q_scale_max, self.q_groups, self.bias]
+    def runtime_anchor(self) -> torch.Tensor:
+        return self._s0_qweight
 
-    def _restore_weight_buffer(self) -> None:
-        """Before a state dict with ``q_weight`` arrives in a layer whose words were replaced: an empty buffer."""
-        p = exl2_params(self.scheme)
-        self.q_weight = torch.empty(sum(p.word_rows), self.out_features, dtype=torch.int32,
-                                    device=self.q_scale.device)
+    def drop_runtime(self) -> None:
         for i in range(len(exl2_runtime.KERNEL_BITS)):
             for name in SEGMENT_TENSORS:
                 setattr(self, f"_s{i}_{name}", None)
-        self._seg_meta, self._segments, self.weight_replaced, self._runtime_key = [], (), False, None
-
-    def _load_from_state_dict(self, state_dict: dict[str, object], prefix: str, *args: object,
-                              **kwargs: object) -> None:
-        if self.weight_replaced and prefix + "q_weight" in state_dict:
-            self._restore_weight_buffer()
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
-        """The checkpoint is the file's layout, also when the segments replaced ``q_weight`` (rebuilt)."""
-        if not self.weight_replaced:
-            return super()._save_to_state_dict(destination, prefix, keep_vars)
-        self._buffers["q_weight"] = self.tensors()["q_weight"]
-        try:
-            super()._save_to_state_dict(destination, prefix, keep_vars)
-        finally:
-            self._buffers["q_weight"] = None
+        self._seg_meta, self._segments = [], ()
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
         """Device moves only: a cast would round the segments' float16 scales (``model.to(torch.bfloat16)``)."""
@@ -125,10 +96,6 @@ class Exl2TritonLinear(Exl2TorchLinear):
             return out if out.dtype == t.dtype else t.to(out.device)
 
         return super()._apply(keep_dtype, recurse)
-
-    def ensure_prepared(self) -> None:
-        if not self.weight_replaced:  # the segments are the weight now; nothing to derive them from
-            super().ensure_prepared()
 
     def prepare(self) -> None:
         """Check the file's tensors, build the segments from them and drop ``q_weight`` (once: afterwards the
@@ -150,8 +117,7 @@ class Exl2TritonLinear(Exl2TorchLinear):
         self._perm32 = self._perm.to(torch.int32)
         self._perm = self._scales = self._groups = None  # the torch path's tensors: the segments hold them now
         self._rt_lock = torch.zeros(lock_slots(self.out_features), dtype=torch.int32, device=dev)
-        self.q_weight, self.weight_replaced = None, True
-        self._runtime_key = self._current_key()
+        self.replace_weight()
 
     # ------------------------------------------------------------------ forward
     def configs(self, m: int, device: torch.device, variant: str | None = None, config: Any = None) -> list[Any]:
