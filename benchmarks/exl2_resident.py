@@ -29,9 +29,9 @@ def main(argv: list[str] | None = None) -> None:
     with torch.no_grad():
         layer(torch.zeros(1, k, dtype=torch.bfloat16))
     rt = layer._parts[0].rt
-    rows = {"codes": [rt.packed], "scale/offset pairs": [rt.scales_zeros], "scales": [rt.scales],
-            "offsets": [rt.offsets], "rows read": [part.rows for part in layer._parts],
-            "file tensors kept": list(layer.buffers())}
+    rows = {"codes": [rt.packed], "scale/offset pairs": [rt.scales_zeros],
+            "rows read": [part.rows for part in layer._parts], "file tensors kept": list(layer.buffers())}
+    assert not set(map(id, rt.tensors())) - {id(t) for ts in rows.values() for t in ts}  # every runtime tensor
     bits = 8 * 2**20 / (k * n)
     print(f"EXL2 {k}x{n}: file {file:.1f} MiB ({file * bits:.2f} bits/weight); q_weight replaced: "
           f"{layer.weight_replaced}")

@@ -84,10 +84,9 @@ class Int4PackRuntime:
     """Kernel-private tensors (never saved): packed codes, per-op-group scales and offsets, K order."""
 
     packed: torch.Tensor  # [N_pad/B, K_pad, B/2] uint8; also the op's [N_pad, K_pad/2] bytes
-    scales_zeros: torch.Tensor  # [K_pad/gs, N_pad, 2] bf16 (scale, (8 - z) * scale): the op's and AMX's
+    scales_zeros: torch.Tensor  # [K_pad/gs, N_pad, 2] bf16 (scale, (8 - z) * scale): every path reads these
     op: bool  # the int4pack op can run this group
-    scales: torch.Tensor  # [K_pad/gs, N_pad] bf16
-    offsets: torch.Tensor | None  # [K_pad/gs, N_pad] float32 (8 - z) * s; None when all zero
+    has_offsets: bool  # some (8 - z) * s is not zero
     ret_idx: torch.Tensor | None  # input channel read at each position, None when plain
     group: int
     k_pad: int
@@ -95,8 +94,16 @@ class Int4PackRuntime:
     block: int  # B of ``packed``; 0 when the op's bytes are in a layout the decode path cannot read
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.packed, self.scales_zeros, self.scales, self.offsets, self.ret_idx)
-                if t is not None]
+        return [t for t in (self.packed, self.scales_zeros, self.ret_idx) if t is not None]
+
+    def scales(self) -> torch.Tensor:
+        """``[K_pad/gs, N_pad]`` bf16, contiguous: the decode path's, taken per call (1/gs of the tile work) rather
+        than kept beside ``scales_zeros``."""
+        return self.scales_zeros[..., 0].contiguous()
+
+    def offsets(self) -> torch.Tensor:
+        """``[K_pad/gs, N_pad]`` float32 ``(8 - z) * s`` (the bf16 pairs' values, exactly), per call as ``scales``."""
+        return self.scales_zeros[..., 1].float()
 
 
 def build_runtime(layer: torch.nn.Module) -> Int4PackRuntime:
@@ -125,11 +132,8 @@ def runtime_of(q: Any) -> Int4PackRuntime:
         theirs = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)
         block = next((b for b in BLOCKS if torch.equal(theirs.view(-1), pack_blocks(codes, b).view(-1))), 0)
         packed = theirs.view(n_pad // block, k_pad, block // 2) if block else theirs  # 0: op for every M
-    offsets = sz[..., 1].float()
-    return Int4PackRuntime(
-        packed=packed, scales_zeros=sz, op=op_ok, scales=sz[..., 0].contiguous(),
-        offsets=offsets.contiguous() if bool(offsets.any()) else None, ret_idx=inputs.ret_idx,
-        group=group, k_pad=k_pad, n_pad=n_pad, block=block)
+    return Int4PackRuntime(packed=packed, scales_zeros=sz, op=op_ok, has_offsets=bool(sz[..., 1].any()),
+                           ret_idx=inputs.ret_idx, group=group, k_pad=k_pad, n_pad=n_pad, block=block)
 
 
 def native_decoder() -> Any:
@@ -161,6 +165,7 @@ def decode_matmul(rt: Int4PackRuntime, xb: torch.Tensor, tile_blocks: int) -> to
     nb, cols = rt.n_pad // bl, bl * tile_blocks
     grad = torch.is_grad_enabled() and xb.requires_grad
     native = native_decoder()
+    scales = rt.scales()
     b2, shifted = torch.empty(kp, bl // 2, dtype=torch.int8), torch.empty(kp, bl // 2, dtype=torch.int8)
     signed = torch.empty(kp, bl, dtype=torch.int8)
     w = torch.empty(kp, cols, dtype=BF16)
@@ -172,7 +177,7 @@ def decode_matmul(rt: Int4PackRuntime, xb: torch.Tensor, tile_blocks: int) -> to
             w = torch.empty(kp, cols, dtype=BF16)
         tile = w[:, :t * bl]
         if native is not None:  # scales applied in the same pass
-            native(rt.packed[b0].data_ptr(), rt.scales.data_ptr(), w.data_ptr(), kp, rt.group, rt.n_pad, b0 * bl,
+            native(rt.packed[b0].data_ptr(), scales.data_ptr(), w.data_ptr(), kp, rt.group, rt.n_pad, b0 * bl,
                    t, bl // 2, cols)
         else:
             for j in range(t):  # nibble q -> signed q - 8 (q ^ 8 as 4-bit two's complement), low then high
@@ -180,17 +185,17 @@ def decode_matmul(rt: Int4PackRuntime, xb: torch.Tensor, tile_blocks: int) -> to
                 torch.bitwise_left_shift(b2, 4, out=shifted)
                 torch.cat([shifted >> 4, b2 >> 4], 1, out=signed)
                 w[:, j * bl:(j + 1) * bl].copy_(signed)
-            tile.view(kp // rt.group, rt.group, t * bl).mul_(rt.scales[:, None, b0 * bl:(b0 + t) * bl])
+            tile.view(kp // rt.group, rt.group, t * bl).mul_(scales[:, None, b0 * bl:(b0 + t) * bl])
         if grad:
             parts.append(xb @ tile)
         else:
             y[:, b0 * bl:(b0 + t) * bl] = xb @ tile
     if grad:
         y = torch.cat(parts, 1)
-    if rt.offsets is None:
+    if not rt.has_offsets:
         return y
     sums = xb.float().reshape(m, -1, rt.group).sum(2)  # [M, K_pad/gs]
-    return y.float() + sums @ rt.offsets
+    return y.float() + sums @ rt.offsets()
 
 
 class Path(Enum):
