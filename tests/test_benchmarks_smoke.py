@@ -83,11 +83,12 @@ def test_e2e_decoder_small_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
         assert row in out, out
 
 
-def test_exl2_resident_counts_the_runtime_not_the_words(capsys: pytest.CaptureFixture[str],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_resident_counts_the_runtime_not_the_words(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    load("exl2_resident").main(["--shape", "1024x256"])
-    out = capsys.readouterr().out
-    assert "q_weight replaced: True" in out and "| codes |" in out
-    total = float(out.split("| total |")[1].split("|")[1])
-    assert total > 256 * 1024 * 4 / 8 / 2**20  # at least the 4-bit codes
+    text = load("cpu_resident").main(["--shape", "1024x256"])
+    rows = [line.split("|") for line in text.splitlines() if line.startswith("| ") and "MiB" not in line]
+    assert [r[1].strip() for r in rows] == ["GPTQ 4-bit g128", "GPTQ 4-bit g32", "AWQ GEMM 4-bit g128",
+                                            "EXL2 ~3.9-bit"]
+    for r in rows:
+        assert r[8].strip() == "True"  # the words are not kept beside the runtime
+        assert float(r[6]) < 2 * float(r[4])  # resident bits a weight under twice the file's

@@ -87,12 +87,12 @@ def prepared(p: exl2.Exl2Params, seed: int) -> tuple[Exl2CpuLinear, dict[str, to
 @pytest.mark.parametrize("p", PARAMS)
 def test_the_merged_weight_replaces_q_weight_word_for_word(p: exl2.Exl2Params) -> None:
     lay, t = prepared(p, 7)
-    assert lay.weight_replaced and lay.q_weight is None
+    assert lay.codes_replaced and "q_weight" not in dict(lay.named_buffers())
     assert torch.equal(stored_codes_of(lay._parts[0].rt, p, N), exl2.stored_codes(t["q_weight"], p))
     sd = lay.state_dict()
     for name, v in t.items():
         assert torch.equal(sd[name], v), name
-    assert lay.q_weight is None  # saving rebuilt a transient copy only
+    assert lay.codes_replaced  # saving rebuilt a transient copy only
     fresh = Exl2TorchLinear(scheme(p), bias=True)
     fresh.load_state_dict(sd)
     w = fresh.dequantize(torch.float64).t().numpy()  # [K, N], input order, decoded by the torch kernel
@@ -104,14 +104,21 @@ def test_new_weights_load_into_a_prepared_layer() -> None:
     lay, _ = prepared(p, 8)
     t2, _, _ = module(p, 9, N)
     lay.load_state_dict(t2)
-    assert not lay.weight_replaced and torch.equal(lay.q_weight, t2["q_weight"])
+    assert not lay.codes_replaced and torch.equal(lay.q_weight, t2["q_weight"])
     x = torch.randn(2, p.in_features, generator=torch.Generator().manual_seed(1)).bfloat16()
     with torch.no_grad():
         y = lay(x)
-    assert lay.weight_replaced and lay.q_weight is None
+    assert lay.codes_replaced and "q_weight" not in dict(lay.named_buffers())
     ref = x.double().numpy() @ oracle_weight(t2, p) + t2["bias"].double().numpy()
     assert float(np.linalg.norm(y.double().numpy() - ref) / np.linalg.norm(ref)) < 1.5e-2
     assert torch.equal(lay.state_dict()["q_weight"], t2["q_weight"])
+    with torch.no_grad():
+        lay.q_scale_max.mul_(2)  # in place after the drop: the parts are rebuilt from the read-back words
+        y = lay(x)
+    doubled = dict(t2, q_scale_max=t2["q_scale_max"] * 2)
+    ref = x.double().numpy() @ oracle_weight(doubled, p) + t2["bias"].double().numpy()
+    assert float(np.linalg.norm(y.double().numpy() - ref) / np.linalg.norm(ref)) < 1.5e-2
+    assert torch.equal(lay.q_weight, t2["q_weight"])
 
 
 def test_input_gradient_and_errors() -> None:

@@ -97,7 +97,7 @@ def test_segments_hold_exactly_the_files_weight(p: exl2.Exl2Params) -> None:
     stored = np.concatenate([segment_weight(pk) for pk in lay.packs()])  # stored row order
     inv = t["q_invperm"].to(torch.int64).numpy()
     assert np.array_equal(stored[inv], w)  # input row j is stored row q_invperm[j]
-    assert lay.q_weight is None and lay.weight_replaced
+    assert lay.codes_replaced and "q_weight" not in dict(lay.named_buffers())
 
 
 @pytest.mark.parametrize("p", PARAMS)
@@ -106,7 +106,7 @@ def test_q_weight_is_rebuilt_word_for_word(p: exl2.Exl2Params) -> None:
     sd = lay.state_dict()
     for name, v in t.items():
         assert torch.equal(sd[name], v), name
-    assert lay.q_weight is None  # saving rebuilt a transient copy only
+    assert lay.codes_replaced  # saving rebuilt a transient copy only
     fresh = Exl2TorchLinear(scheme(p), bias=True)
     fresh.load_state_dict(sd)
     assert torch.equal(fresh.dequantize(), lay.dequantize())
@@ -117,7 +117,7 @@ def test_new_weights_load_into_a_prepared_layer_and_casts_keep_the_scales() -> N
     lay, _, _ = built(p, 5)
     t2, _, _ = module(p, 6, N)
     lay.load_state_dict(t2)
-    assert not lay.weight_replaced and torch.equal(lay.q_weight, t2["q_weight"])
+    assert not lay.codes_replaced and torch.equal(lay.q_weight, t2["q_weight"])
     lay.to(torch.bfloat16)
     lay.prepare()
     assert all(pk.scales.dtype == torch.float16 for pk in lay.packs())

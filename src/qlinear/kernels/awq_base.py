@@ -51,8 +51,18 @@ class AwqQuantLinear(QuantLinear):
         names = awq.checkpoint_shapes(self.scheme)
         return awq.from_checkpoint({n: getattr(self, n).cpu() for n in names}, self.scheme)
 
+    def checkpoint_names(self) -> tuple[str, ...]:
+        return ("qweight", awq.zeros_name(self.scheme.format), "scales", "bias")
+
     def checkpoint_tensors(self) -> list[torch.Tensor | None]:
-        return [self.qweight, self.zeros_buffer, self.scales, self.bias]
+        return [getattr(self, n) for n in self.checkpoint_names()]
+
+    def checkpoint_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return awq.checkpoint_shapes(self.scheme)
+
+    def words_of(self, codes_nk: torch.Tensor) -> torch.Tensor:
+        """Codes ``[N, K]`` -> this layer's ``qweight`` (the checkpoint's packing)."""
+        return awq.qweight_of(codes_nk, self.scheme.format, self.scheme.bits)
 
     # ------------------------------------------------------------------ decoding for forward
     @property

@@ -41,6 +41,7 @@ from . import native_int4
 from .awq_base import AwqQuantLinear
 from .gptq_base import GPTQQuantLinear
 from .planned import cpu as declared
+from .resident_codes import CodesInRuntime
 from .torch_awq import AwqTorchLinear
 
 BF16 = torch.bfloat16
@@ -79,6 +80,12 @@ def pack_blocks(codes: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
     return (c[:, 0] | (c[:, 1] << 4)).transpose(1, 2).contiguous()
 
 
+def unpack_blocks(packed: torch.Tensor) -> torch.Tensor:
+    """``pack_blocks`` undone: ``[N/B, K, B/2]`` bytes -> codes ``[N, K]`` uint8."""
+    blocks, k, half = packed.shape
+    return torch.stack((packed & 15, packed >> 4), dim=1).transpose(2, 3).reshape(blocks * 2 * half, k)
+
+
 @dataclass(eq=False)
 class Int4PackRuntime:
     """Kernel-private tensors (never saved): packed codes, per-op-group scales and offsets, K order."""
@@ -95,6 +102,17 @@ class Int4PackRuntime:
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.packed, self.scales_zeros, self.ret_idx) if t is not None]
+
+    def codes(self, n: int, k: int) -> torch.Tensor:
+        """The codes ``[n, k]`` uint8 in input-channel order, read back from ``packed`` (``block`` must be set)."""
+        if not self.block:
+            raise ValueError("codes: this torch build packs int4 in a layout the decode path cannot read back")
+        at_positions = unpack_blocks(self.packed)[:n, :k]
+        if self.ret_idx is None:
+            return at_positions
+        codes = torch.empty_like(at_positions)
+        codes[:, self.ret_idx] = at_positions  # position p holds input channel ret_idx[p]
+        return codes
 
     def scales(self) -> torch.Tensor:
         """``[K_pad/gs, N_pad]`` bf16, contiguous: the decode path's, taken per call (1/gs of the tile work) rather
@@ -206,8 +224,9 @@ class Path(Enum):
     DECODE = "decode + bfloat16 GEMM"
 
 
-class Int4PackMixin:
-    """Runtime mixin: ``prepare()`` builds an ``Int4PackRuntime``; ``forward`` routes by M."""
+class Int4PackMixin(CodesInRuntime):
+    """Runtime mixin: ``prepare()`` builds an ``Int4PackRuntime`` and drops ``qweight`` (the runtime holds every
+    code: ``resident_codes.py``); ``forward`` routes by M."""
 
     #: Decoded elements per tile (K_pad x channels): about 1 MiB of bfloat16, kept in L2.
     TILE_ELEMENTS = 1 << 19
@@ -229,8 +248,23 @@ class Int4PackMixin:
         return native_int4.describe(group, "decode + bfloat16 GEMM", native_to=native_int4.native_max_m())
 
     def prepare(self) -> None:
-        self._rt = build_runtime(self)
+        rt = build_runtime(self)
+        self.keep_words_unless(bool(rt.block))
+        self._rt = rt
         super().prepare()
+        self.drop_codes_buffer()
+
+    def runtime_can_rebuild(self) -> bool:
+        return bool(self.__dict__.get("_rt") and self._rt.block)
+
+    def rebuilt_words(self) -> torch.Tensor:
+        return self.words_of(self._rt.codes(self.out_features, self.in_features))
+
+    def runtime_anchor(self) -> torch.Tensor:
+        return self._rt.packed
+
+    def drop_runtime(self) -> None:
+        self._rt = None
 
     def path(self, m: int, grad: bool) -> Path:
         """The path for ``m`` rows (``choose_path``)."""

@@ -103,7 +103,7 @@ class Exl2TorchLinear(QuantLinear):
         exl2.check_tensors(t, p, self.out_features)
         self._perm = torch.argsort(self.q_invperm.to(torch.int64))
         self._scales = exl2.row_scales(self.q_scale, self.q_scale_max, self.out_features)
-        self._groups = exl2.row_groups(p).to(self.q_weight.device)
+        self._groups = exl2.row_groups(p).to(t["q_weight"].device)
         super().prepare()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,7 @@ from ..enums import BACKEND, DEVICE, FORMAT
 from ..layouts import exl2
 from ..target import Target
 from . import exl2_runtime
-from .cpu_int4 import Int4PackRuntime, choose_path, ops_reasons, run_path, runtime_of
+from .cpu_int4 import Int4PackRuntime, choose_path, ops_reasons, run_path, runtime_of, unpack_blocks
 from .exl2 import exl2_params
 from .exl2_replaced import Exl2ReplacedWeight
 
@@ -82,15 +82,18 @@ def merged(parts: list[tuple[int, AffineWeight]]) -> tuple[torch.Tensor, AffineW
     return rows, AffineWeight(codes, scales, zeros, g_idx, 4, g, bool((zeros == 8).all()))
 
 
+def readable(rt: Int4PackRuntime) -> bool:
+    """``stored_codes_of`` can read the runtime back: the decode path's blocks, positions in K order."""
+    return bool(rt.block) and rt.ret_idx is None
+
+
 def stored_codes_of(rt: Int4PackRuntime, p: exl2.Exl2Params, n: int) -> torch.Tensor:
     """``merged`` undone: the stored codes ``[K, N]`` uint8 from the runtime's bytes (``cpu_int4.pack_blocks`` read
     back; 4-bit parts shifted down, the two nibble parts of a wide row joined)."""
-    if not rt.block or rt.ret_idx is not None:
+    if not readable(rt):
         raise ValueError("stored_codes_of: expected the decode path's block layout in K order, got "
                          f"block {rt.block}, reordered K: {rt.ret_idx is not None}")
-    blocks, k_pad, half = rt.packed.shape
-    nib = torch.stack((rt.packed & 15, rt.packed >> 4), dim=1)  # [N/B, 2, K, B/2]
-    positions = nib.transpose(2, 3).reshape(blocks * 2 * half, k_pad)[:n].t()  # [K positions, N]
+    positions = unpack_blocks(rt.packed)[:n].t()  # [K positions, N]
     codes = torch.empty(p.in_features, n, dtype=torch.uint8)
     pos = 0
     for seg in exl2_runtime.segments(p, CPU_BITS):
@@ -142,7 +145,10 @@ class Exl2CpuLinear(Exl2ReplacedWeight):
         super().register_checkpoint_buffers(bias)
         self._parts: list[Part] = []
 
-    def rebuild_q_weight(self) -> torch.Tensor:
+    def runtime_can_rebuild(self) -> bool:
+        return bool(self._parts) and readable(self._parts[0].rt)
+
+    def rebuilt_words(self) -> torch.Tensor:
         p = exl2_params(self.scheme)
         return exl2.pack_codes(stored_codes_of(self._parts[0].rt, p, self.out_features), p)
 
@@ -154,14 +160,13 @@ class Exl2CpuLinear(Exl2ReplacedWeight):
 
     def prepare(self) -> None:
         """Check the file's tensors, build the 4-bit parts from them and, where their bytes can be read back, drop
-        ``q_weight`` (once: afterwards the parts are the weight)."""
-        if self.weight_replaced:
-            return
+        ``q_weight`` (read back from the current parts when it was dropped before)."""
         super().prepare()  # checks the tensors; q_perm (int64), the float16 group scales
-        self._parts = parts_of(self.q_weight, self._scales, self._perm, exl2_params(self.scheme))
+        parts = parts_of(self.q_weight, self._scales, self._perm, exl2_params(self.scheme))
+        self.keep_words_unless(readable(parts[0].rt))
+        self._parts = parts
         self._perm = self._scales = self._groups = None  # the torch decode's tensors: the parts hold the weight now
-        if self._parts[0].rt.block and self._parts[0].rt.ret_idx is None:
-            self.replace_weight()
+        self.drop_codes_buffer()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k, n = self.in_features, self.out_features

@@ -1,7 +1,7 @@
 """``Exl2TritonLinear``: EXL2 mixed-bit layers on CUDA through the GPTQ Triton kernels.
 
 ``Exl2TorchLinear`` decodes the whole weight with torch in every forward (4.4 ms for 4096x14336 on an H100, 100x
-bf16). Here ``prepare()`` re-lays the groups once as at most three GPTQ layouts (``exl2_runtime``: 8, 4 and 2-bit
+bf16). Here ``prepare()`` re-lays the groups as at most three GPTQ layouts (``exl2_runtime``: 8, 4 and 2-bit
 words, one per run of widths) and drops ``q_weight``: the layouts keep every code, and the file's words are
 rebuilt from them when saved or decoded. A forward gathers each segment's input rows (the act-order permutation,
 one launch a segment), runs the variant M picks for that segment, and sums.
@@ -77,7 +77,10 @@ class Exl2TritonLinear(Exl2ReplacedWeight):
                        getattr(self, f"_s{i}_perm"), *meta, xorder=getattr(self, f"_s{i}_xorder"))
                 for i, meta in enumerate(self._seg_meta)]
 
-    def rebuild_q_weight(self) -> torch.Tensor:
+    def runtime_can_rebuild(self) -> bool:
+        return bool(self._seg_meta)
+
+    def rebuilt_words(self) -> torch.Tensor:
         return exl2_runtime.to_q_weight(self.packs(), exl2_params(self.scheme))
 
     def runtime_anchor(self) -> torch.Tensor:
@@ -98,10 +101,8 @@ class Exl2TritonLinear(Exl2ReplacedWeight):
         return super()._apply(keep_dtype, recurse)
 
     def prepare(self) -> None:
-        """Check the file's tensors, build the segments from them and drop ``q_weight`` (once: afterwards the
-        segments are the weight)."""
-        if self.weight_replaced:
-            return
+        """Check the file's tensors, build the segments from them and drop ``q_weight`` (read back from the
+        current segments when it was dropped before)."""
         from .triton.qmm import lock_slots
 
         super().prepare()  # checks the tensors; q_perm (int64), the float16 group scales
@@ -117,7 +118,7 @@ class Exl2TritonLinear(Exl2ReplacedWeight):
         self._perm32 = self._perm.to(torch.int32)
         self._perm = self._scales = self._groups = None  # the torch path's tensors: the segments hold them now
         self._rt_lock = torch.zeros(lock_slots(self.out_features), dtype=torch.int32, device=dev)
-        self.replace_weight()
+        self.drop_codes_buffer()
 
     # ------------------------------------------------------------------ forward
     def configs(self, m: int, device: torch.device, variant: str | None = None, config: Any = None) -> list[Any]:

@@ -40,8 +40,19 @@ class GPTQQuantLinear(QuantLinear):
         tensors = {n: getattr(self, n) for n in ("qweight", "qzeros", "scales", "g_idx")}
         return gptq.from_checkpoint({n: t.cpu() for n, t in tensors.items()}, self.scheme)
 
+    def checkpoint_names(self) -> tuple[str, ...]:
+        return ("qweight", "qzeros", "scales", "g_idx", "bias")
+
     def checkpoint_tensors(self) -> list[torch.Tensor | None]:
-        return [self.qweight, self.qzeros, self.scales, self.g_idx, self.bias]
+        return [getattr(self, n) for n in self.checkpoint_names()]
+
+    def checkpoint_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return gptq.checkpoint_shapes(self.scheme)
+
+    def words_of(self, codes_nk: torch.Tensor) -> torch.Tensor:
+        """Codes ``[N, K]`` -> this layer's ``qweight`` (the checkpoint's packing)."""
+        s = self.scheme
+        return gptq.qweight_of(codes_nk, s.format, s.bits, s.pack_dtype)
 
     # ------------------------------------------------------------------ decoding for forward
     @property

@@ -224,16 +224,26 @@ def to_checkpoint(q: AffineWeight, fmt: FORMAT | str,
     shapes = checkpoint_shapes(scheme)
     codes, zeros = q.codes.detach().cpu(), q.zeros.detach().cpu()
     scales = _scales(q.scales.detach().cpu().t(), scale_dtype if fmt is FORMAT.GEMM else torch.float16)
+    qweight = qweight_of(codes, fmt, q.bits)
     if fmt is FORMAT.GEMM:
-        return {"qweight": pack_gemm(codes.t(), q.bits), "qzeros": pack_gemm(zeros.t(), q.bits, "zeros"),
-                "scales": scales.contiguous()}
+        return {"qweight": qweight, "qzeros": pack_gemm(zeros.t(), q.bits, "zeros"), "scales": scales.contiguous()}
     rows = shapes["scales"][0][0 if fmt in FAST_FORMATS else 1]
     if fmt is FORMAT.GEMV:
-        return {"qweight": pack_bits(codes, 4, torch.int32, dim=1),
-                "qzeros": pack_bits(_padded(zeros, rows, 1), 4, torch.int32, dim=1, name="zeros"),
+        return {"qweight": qweight, "qzeros": pack_bits(_padded(zeros, rows, 1), 4, torch.int32, dim=1, name="zeros"),
                 "scales": _padded(scales.t(), rows, 1)}
-    return {"qweight": pack_fast(codes), zeros_name(fmt): _padded(scaled_zeros(scales, zeros.t()), rows, 0),
+    return {"qweight": qweight, zeros_name(fmt): _padded(scaled_zeros(scales, zeros.t()), rows, 0),
             "scales": _padded(scales, rows, 0)}
+
+
+def qweight_of(codes_nk: torch.Tensor, fmt: FORMAT | str, bits: int) -> torch.Tensor:
+    """Codes ``[N, K]`` -> the ``qweight`` words of ``fmt`` (gemm: rows of K, interleaved columns; gemv: along K;
+    gemv_fast / llm-awq: the fast interleave)."""
+    fmt = _format(fmt)
+    if fmt is FORMAT.GEMM:
+        return pack_gemm(codes_nk.t(), bits)
+    if fmt is FORMAT.GEMV:
+        return pack_bits(codes_nk, 4, torch.int32, dim=1)
+    return pack_fast(codes_nk)
 
 
 def check_tensors(tensors: Mapping[str, torch.Tensor], scheme: Scheme) -> None:

@@ -158,6 +158,17 @@ def _scales(scales_ng: torch.Tensor, dtype: torch.dtype = torch.float16) -> torc
     return out
 
 
+def qweight_of(codes_nk: torch.Tensor, fmt: FORMAT | str, bits: int, pack_dtype: torch.dtype = torch.int32
+               ) -> torch.Tensor:
+    """Codes ``[N, K]`` -> the ``qweight`` words of ``fmt`` (planar rows for ``gptq_p``, else packed along K)."""
+    codes_kn = codes_nk.t().contiguous()
+    if _format(fmt) is FORMAT.GPTQ_P:
+        if pack_dtype != torch.int32:
+            raise ValueError(f"pack_dtype: planar gptq_p is packed in torch.int32 words only, got {pack_dtype}")
+        return planar.planar_pack_rows(codes_kn, bits)
+    return pack_qweight(codes_kn, bits, pack_dtype)
+
+
 def to_checkpoint(q: AffineWeight, fmt: FORMAT | str, pack_dtype: torch.dtype = torch.int32,
                   scale_dtype: torch.dtype = torch.float16) -> dict[str, torch.Tensor]:
     """The checkpoint tensors ``qweight``, ``qzeros``, ``scales`` (float16 unless asked), ``g_idx`` (int32) of ``q``.
@@ -165,15 +176,11 @@ def to_checkpoint(q: AffineWeight, fmt: FORMAT | str, pack_dtype: torch.dtype = 
     ``gptq`` writes v1 zero points, ``gptq_v2`` true ones, ``gptq_p`` planar words with true zeros.
     """
     fmt = _format(fmt)
-    codes_kn = q.codes.detach().t().contiguous()
+    qweight = qweight_of(q.codes.detach(), fmt, q.bits, pack_dtype)
     zeros_gn = q.zeros.detach().t().contiguous()
     if fmt is FORMAT.GPTQ_P:
-        if pack_dtype != torch.int32:
-            raise ValueError(f"pack_dtype: planar gptq_p is packed in torch.int32 words only, got {pack_dtype}")
-        qweight = planar.planar_pack_rows(codes_kn, q.bits)
         qzeros = planar.planar_pack_cols(zeros_gn, q.bits)
     else:
-        qweight = pack_qweight(codes_kn, q.bits, pack_dtype)
         qzeros = pack_qzeros(zeros_gn, q.bits, pack_dtype, v1=fmt is FORMAT.GPTQ)
     return {"qweight": qweight, "qzeros": qzeros, "scales": _scales(q.scales, scale_dtype),
             "g_idx": q.g_idx.detach().to(torch.int32).clone(memory_format=torch.contiguous_format)}
