@@ -23,7 +23,7 @@ import torch
 from qlinear import FORMAT, QuantLinear, RetiredKernelError, Scheme, Target, create_layer, quantize_rtn, select
 from qlinear.caps import Problem
 from qlinear.enums import DEVICE
-from qlinear.kernels import cpu_int4, cpu_int8, native_int4
+from qlinear.kernels import cpu_int4, cpu_int8, int4pack_runtime, native_int4
 from qlinear.kernels.registry import kernel_by_name
 from qlinear.select import NoKernelError, explain
 from qlinear.spec import ConfigError
@@ -162,13 +162,13 @@ def test_other_cpu_builds_packings(monkeypatch) -> None:
     layer = build(cpu_int4.TorchAtenLinear, 4, 64, False, True, 256, 96, torch.bfloat16)
     x = torch.randn(40, 256, dtype=torch.bfloat16)
     w64 = oracle(layer)
-    avx2 = lambda codes, tiles: cpu_int4.pack_blocks(codes, 32).view(codes.shape[0], -1)  # noqa: E731
+    avx2 = lambda codes, tiles: int4pack_runtime.pack_blocks(codes, 32).view(codes.shape[0], -1)  # noqa: E731
     monkeypatch.setattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", avx2)
     layer.prepare()
     assert layer._rt.block == 32 and layer.path(40, False) is cpu_int4.Path.DECODE  # no AMX on 32-blocks
     assert rel_err(layer(x), x, w64, None) < TOL
     monkeypatch.undo()
-    monkeypatch.setattr(cpu_int4, "BLOCKS", (32,))
+    monkeypatch.setattr(int4pack_runtime, "BLOCKS", (32,))
     layer.prepare()
     assert layer._rt.block == 0 and layer.path(40, False) is cpu_int4.Path.OP
     assert rel_err(layer(x), x, w64, None) < TOL

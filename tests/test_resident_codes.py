@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from qlinear import Target, create_layer, quantize_rtn
-from qlinear.kernels import cpu_int4
+from qlinear.kernels import cpu_int4, int4pack_runtime
 from tests.oracle import awq_numpy, gptq_numpy
 
 HERE = Target.here("cpu")
@@ -115,7 +115,7 @@ def test_a_runtime_that_cannot_be_read_back_keeps_the_words(monkeypatch: pytest.
     lay, file = layer_of("gptq_v2", cpu_int4.TorchAtenLinear, False, False)
     if not lay._rt.op:
         pytest.skip("the int4pack op is missing here: the runtime is always in readable blocks")
-    monkeypatch.setattr(cpu_int4, "BLOCKS", ())  # the op's bytes match no block layout: block 0
+    monkeypatch.setattr(int4pack_runtime, "BLOCKS", ())  # the op's bytes match no block layout: block 0
     lay.prepare()
     assert lay._rt.block == 0 and not lay.codes_replaced
     assert torch.equal(lay.qweight, file["qweight"]) and "qweight" in dict(lay.named_buffers())

@@ -3,7 +3,7 @@ int4pack op).
 
 ``Exl2TorchLinear`` decodes the whole weight with torch in every forward (650 ms for 4096x14336 at M=1 on one
 thread, 62x dense bf16). Here ``prepare()`` turns the groups into 4-bit parts once, each run by the int4 runtime
-the GPTQ CPU kernels use (``cpu_int4.runtime_of``):
+the GPTQ CPU kernels use (``int4pack_runtime.runtime_of``):
 
 * 4, 3 and 2-bit groups: codes moved up to the constant zero 8 (``exl2_runtime.segments`` with ``CPU_BITS``), as
   the GPU path moves them to its word widths;
@@ -32,9 +32,10 @@ from ..enums import BACKEND, DEVICE, FORMAT
 from ..layouts import exl2
 from ..target import Target
 from . import exl2_runtime
-from .cpu_int4 import Int4PackRuntime, choose_path, ops_reasons, run_path, runtime_of, unpack_blocks
+from .cpu_int4 import choose_path, ops_reasons, run_path
 from .exl2 import exl2_params
 from .exl2_replaced import Exl2ReplacedWeight
+from .int4pack_runtime import Int4PackRuntime, runtime_of, unpack_blocks
 
 #: EXL2 width -> the width its codes take before the CPU parts are cut (8-bit runs become two 4-bit parts)
 CPU_BITS = {8: 8, 6: 8, 5: 8, 4: 4, 3: 4, 2: 4}
@@ -88,8 +89,8 @@ def readable(rt: Int4PackRuntime) -> bool:
 
 
 def stored_codes_of(rt: Int4PackRuntime, p: exl2.Exl2Params, n: int) -> torch.Tensor:
-    """``merged`` undone: the stored codes ``[K, N]`` uint8 from the runtime's bytes (``cpu_int4.pack_blocks`` read
-    back; 4-bit parts shifted down, the two nibble parts of a wide row joined)."""
+    """``merged`` undone: the stored codes ``[K, N]`` uint8 from the runtime's bytes (``unpack_blocks``; 4-bit
+    parts shifted down, the two nibble parts of a wide row joined)."""
     if not readable(rt):
         raise ValueError("stored_codes_of: expected the decode path's block layout in K order, got "
                          f"block {rt.block}, reordered K: {rt.ret_idx is not None}")

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from ..layouts.gguf.affine16 import AFFINE16_BITS, affine16
 from ..layouts.gguf.affine32 import AFFINE32_BITS, affine32
 from . import native_int4
-from .cpu_int4 import pack_blocks
+from .int4pack_runtime import pack_blocks
 
 BF16 = torch.bfloat16
 #: Output channels are padded to this (the op's AVX512 packing block); rows are converted in chunks of it.
