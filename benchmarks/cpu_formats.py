@@ -3,6 +3,7 @@ GPTQ 4-bit on AUTO's CPU kernel, side by side in one run (median of ``--reps`` c
 
     python benchmarks/cpu_formats.py                       # 4096x14336, M = 1 and 16
     python benchmarks/cpu_formats.py --shapes 1024x1024 --ms 1 --reps 2
+    python benchmarks/cpu_formats.py --only MLX,EXL2   # those rows only
 
 Layers are random but valid (every code pattern decodes): MLX 4-bit g64 (mlx's own quantizer, in torch),
 VPTQ v8 k65536 (2 bits), EXL3 4-bit 3INST, EXL2 at about 3.9 bits, ParoQuant 4-bit g128 with 8 rotation rounds.
@@ -39,14 +40,26 @@ def gptq(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
     return create_layer(q, format="gptq_v2", dtype=torch.bfloat16)
 
 
-def mlx(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
+def mlx(k: int, n: int, gen: torch.Generator, cls: type | None = None, bits: int = 4) -> torch.nn.Module:
+    """An MLX g64 layer quantized by qlinear's transcription of mlx's quantizer; ``cls``: the kernel (default the
+    exact ``MlxTorchLinear``)."""
     from qlinear.kernels.mlx_torch import MlxTorchLinear
     from qlinear.layouts.mlx import scheme_for
     from qlinear.mlx_quant import quantize
 
-    layer = MlxTorchLinear(scheme_for(4, 64, k, n), dtype=torch.bfloat16)
-    layer.load_mlx(quantize((torch.randn(n, k, generator=gen) * 0.02).bfloat16(), bits=4, group_size=64))
+    layer = (cls or MlxTorchLinear)(scheme_for(bits, 64, k, n), dtype=torch.bfloat16)
+    layer.load_mlx(quantize((torch.randn(n, k, generator=gen) * 0.02).bfloat16(), bits=bits, group_size=64))
     return layer
+
+
+def mlx_parts(k: int, n: int, gen: torch.Generator, bits: int = 4) -> torch.nn.Module:
+    from qlinear.kernels.mlx_cpu import MlxCpuLinear
+
+    return mlx(k, n, gen, MlxCpuLinear, bits)
+
+
+def mlx8_parts(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
+    return mlx_parts(k, n, gen, 8)
 
 
 def vptq(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
@@ -132,7 +145,8 @@ def paroquant(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
 
 
 FORMATS: dict[str, Callable[[int, int, torch.Generator], torch.nn.Module]] = {
-    "GPTQ 4-bit g128 (AUTO)": gptq, "MLX 4-bit g64": mlx, "VPTQ v8 k65536 (2-bit)": vptq, "EXL3 4-bit": exl3,
+    "GPTQ 4-bit g128 (AUTO)": gptq, "MLX 4-bit g64": mlx, "MLX 4-bit g64 (AUTO: int4 kernels)": mlx_parts,
+    "MLX 8-bit g64 (AUTO: two nibble parts)": mlx8_parts, "VPTQ v8 k65536 (2-bit)": vptq, "EXL3 4-bit": exl3,
     "EXL2 ~3.9-bit": exl2, "EXL2 ~3.9-bit (AUTO: 4-bit parts)": exl2_parts, "ParoQuant 4-bit g128": paroquant}
 
 
@@ -151,7 +165,10 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--shapes", default="4096x14336", help="K x N, comma separated")
     p.add_argument("--ms", default="1,16")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--only", default="", help="comma-separated substrings: time only the layers whose names "
+                                              "contain one (dense bf16 always)")
     args = p.parse_args(argv)
+    only = [v for v in args.only.split(",") if v]
     torch.set_num_threads(1)
     say("# issue-24 formats on CPU, one thread (ms per call, median; ratio = time / dense bf16)")
     say()
@@ -168,6 +185,8 @@ def main(argv: list[str] | None = None) -> str:
         dense = {m: median_ms(lambda x=xs[m], w=w: F.linear(x, w), args.reps) for m in ms}
         say(f"| {k}x{n} | dense bf16 | F.linear | " + " | ".join(f"{dense[m]:.2f} | 1.00" for m in ms) + " |")
         for name, make in FORMATS.items():
+            if only and not any(v in name for v in only):
+                continue
             layer = make(k, n, gen)
             with torch.no_grad():
                 cells = [median_ms(lambda x=xs[m], layer=layer: layer(x), args.reps) for m in ms]

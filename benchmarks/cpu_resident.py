@@ -2,8 +2,9 @@
 
     python benchmarks/cpu_resident.py [--shape 4096x14336]
 
-For GPTQ 4-bit (groups of 128 and 32), AWQ GEMM 4-bit and the ~3.9-bit EXL2 mix of ``cpu_formats.py``: one
-forward, then every tensor the layer holds (its buffers and its runtime's tensors), in MiB and bits a weight.
+For GPTQ 4-bit (groups of 128 and 32), AWQ GEMM 4-bit, the ~3.9-bit EXL2 mix and MLX 4-bit g64 of
+``cpu_formats.py``: one forward, then every tensor the layer holds (its buffers and its runtime's tensors), in
+MiB and bits a weight.
 """
 
 from __future__ import annotations
@@ -33,10 +34,17 @@ def exl2(k: int, n: int) -> torch.nn.Module:
     return exl2_parts(k, n, torch.Generator().manual_seed(0))
 
 
+def mlx4(k: int, n: int) -> torch.nn.Module:
+    from cpu_formats import mlx_parts
+
+    return mlx_parts(k, n, torch.Generator().manual_seed(0))
+
+
 def runtime_tensors(layer: torch.nn.Module) -> list[torch.Tensor]:
     if hasattr(layer, "_parts"):  # Exl2CpuLinear: the merged int4 runtime and the rows it reads
         return [t for part in layer._parts for t in (*part.rt.tensors(), part.rows)]
-    return layer._rt.tensors()
+    rows = getattr(layer, "_rows", None)  # MlxCpuLinear: the input channel of each K position, when split
+    return [*layer._rt.tensors(), *([rows] if rows is not None else [])]
 
 
 def checkpoint(layer: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -44,7 +52,7 @@ def checkpoint(layer: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 LAYERS = {"GPTQ 4-bit g128": affine("gptq_v2", 128), "GPTQ 4-bit g32": affine("gptq_v2", 32),
-          "AWQ GEMM 4-bit g128": affine("gemm", 128), "EXL2 ~3.9-bit": exl2}
+          "AWQ GEMM 4-bit g128": affine("gemm", 128), "EXL2 ~3.9-bit": exl2, "MLX 4-bit g64": mlx4}
 
 
 def main(argv: list[str] | None = None) -> str:

@@ -68,7 +68,8 @@ def test_cpu_formats_table() -> None:
     finally:
         torch.set_num_threads(threads)
     for needle in ("| 512x256 | dense bf16 | F.linear |", "| MlxTorchLinear |", "| VPTQLinear |",
-                   "| ExllamaV3TorchLinear |", "| Exl2TorchLinear |", "| Exl2CpuLinear |", "| ParoLinear |"):
+                   "| ExllamaV3TorchLinear |", "| Exl2TorchLinear |", "| Exl2CpuLinear |", "| ParoLinear |",
+                   "| MlxCpuLinear |"):
         assert needle in text, needle
 
 
@@ -88,7 +89,7 @@ def test_cpu_resident_counts_the_runtime_not_the_words(monkeypatch: pytest.Monke
     text = load("cpu_resident").main(["--shape", "1024x256"])
     rows = [line.split("|") for line in text.splitlines() if line.startswith("| ") and "MiB" not in line]
     assert [r[1].strip() for r in rows] == ["GPTQ 4-bit g128", "GPTQ 4-bit g32", "AWQ GEMM 4-bit g128",
-                                            "EXL2 ~3.9-bit"]
+                                            "EXL2 ~3.9-bit", "MLX 4-bit g64"]
     for r in rows:
         assert r[8].strip() == "True"  # the words are not kept beside the runtime
         assert float(r[6]) < 2 * float(r[4])  # resident bits a weight under twice the file's

@@ -191,6 +191,8 @@ class MlxBuilder(Builder):
         layer = ready(layer, device)
         words = layer.state_dict()["weight"].cpu().view(torch.int32).numpy().view(np.uint32)
         w64 = mlx_numpy.weight64(mlx_numpy.unpack_stream(words, bits, k), as_f64(scales), as_f64(biases), gs)
+        if c.kernel.__name__ == "MlxCpuLinear":  # its 4-bit parts run the int4 kernels, in bfloat16 for any dtype
+            return Built(layer, rounded(w64, c.dtype), tol=TOL_BF16, tol_why="computes in bfloat16")
         return Built(layer, rounded(w64, c.dtype))
 
 
@@ -258,5 +260,5 @@ GPTQ_AWQ = ("TorchLinear", "AwqTorchLinear", "TorchAtenLinear", "TorchAtenAwqLin
             "MacheteLinear", "AwqMacheteLinear", "ExllamaV2Linear", "AwqExllamaV2Linear", "BitblasLinear",
             "AWQBitBlasKernel")
 BUILDERS = ((AffineBuilder(), GPTQ_AWQ), (EmbeddingBuilder(), ("TorchQuantEmbeddings",)),
-            (QQQBuilder(), ("QQQLinear", "QQQTorchLinear")), (MlxBuilder(), ("MlxTorchLinear",)),
+            (QQQBuilder(), ("QQQLinear", "QQQTorchLinear")), (MlxBuilder(), ("MlxTorchLinear", "MlxCpuLinear")),
             (ParoBuilder(), ("ParoLinear", "ParoQuantTritonLinear")))

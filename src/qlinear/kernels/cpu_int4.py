@@ -222,6 +222,20 @@ def choose_path(rt: Int4PackRuntime, m: int, k: int, n: int, grad: bool, who: st
     return Path.DECODE
 
 
+def run_positions(rt: Int4PackRuntime, xb: torch.Tensor, rows: torch.Tensor | None, n: int, who: str,
+                  tile_elements: int = 1 << 19) -> torch.Tensor:
+    """``xb [M, K]`` bfloat16 times a runtime whose K positions read input channels ``rows`` (None: in order; a
+    channel may be read twice, as the two nibble parts of a wide code): ``[M, n]`` on the path M picks (bfloat16,
+    or float32 with offsets)."""
+    grad = torch.is_grad_enabled() and xb.requires_grad
+    xp = xb if rows is None else xb.index_select(1, rows)
+    positions = xp.shape[1]
+    if rt.k_pad > positions:
+        xp = F.pad(xp, (0, rt.k_pad - positions))
+    path = choose_path(rt, xb.shape[0], positions, n, grad, who)
+    return run_path(rt, xp, path, tile_elements, who)[:, :n]
+
+
 def run_path(rt: Int4PackRuntime, xb: torch.Tensor, path: Path, tile_elements: int, who: str) -> torch.Tensor:
     """``xb [M, K_pad]`` (bfloat16, K order of the runtime) times the runtime's weight on ``path``: ``[M, N_pad]``."""
     if path is Path.NATIVE:

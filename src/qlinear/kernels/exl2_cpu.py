@@ -24,7 +24,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ..affine import AffineWeight
 from ..caps import Caps, Problem
@@ -32,7 +31,7 @@ from ..enums import BACKEND, DEVICE, FORMAT
 from ..layouts import exl2
 from ..target import Target
 from . import exl2_runtime
-from .cpu_int4 import choose_path, ops_reasons, run_path
+from .cpu_int4 import ops_reasons, run_positions
 from .exl2 import exl2_params
 from .exl2_replaced import Exl2ReplacedWeight
 from .int4pack_runtime import Int4PackRuntime, runtime_of, unpack_blocks
@@ -170,25 +169,14 @@ class Exl2CpuLinear(Exl2ReplacedWeight):
         self.drop_codes_buffer()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        k, n = self.in_features, self.out_features
+        n = self.out_features
         self.check_input(x, "cpu")
         self.ensure_prepared()
-        xb = x.reshape(-1, k).to(torch.bfloat16)
-        m = xb.shape[0]
-        grad = torch.is_grad_enabled() and xb.requires_grad
-        y: torch.Tensor | None = None
-        for part in self._parts:
-            rt = part.rt
-            xp = xb.index_select(1, part.rows)
-            if rt.k_pad > xp.shape[1]:
-                xp = F.pad(xp, (0, rt.k_pad - xp.shape[1]))
-            path = choose_path(rt, m, part.rows.numel(), n, grad, type(self).__name__)
-            out = run_path(rt, xp, path, TILE_ELEMENTS, type(self).__name__)[:, :n]
-            # float32 sums in place, one pass a part (fresh float32 sums took 20 ms of 48 at M=256 on one thread)
-            y = out.float() if y is None else y + out if grad else y.add_(out)
-        assert y is not None  # an EXL2 layer has at least one group
+        xb = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        part = self._parts[0]  # merged: one part
+        y = run_positions(part.rt, xb, part.rows, n, type(self).__name__, TILE_ELEMENTS)
         if self.bias is not None:
-            y = y.add_(self.bias) if not grad else y + self.bias
+            y = y + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], n)
 
 

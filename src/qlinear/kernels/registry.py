@@ -33,6 +33,7 @@ FAMILIES: tuple[str, ...] = (
     "qqq",
     "vptq",
     "mlx_torch",
+    "mlx_cpu",
     "paroquant",
     "exllamav2",
     "exl2",

@@ -1,12 +1,12 @@
 """Layers whose runtime holds every code of the checkpoint's packed words, so the words are not kept twice.
 
 A CPU int4 layer re-lays ``qweight`` into its kernels' blocks, an EXL2 layer ``q_weight`` into GPTQ layouts or
-4-bit parts; keeping both held each code twice (8.8 bits a 4-bit GPTQ weight at groups of 128 on CPU instead of
-4.4). Once the runtime is built, ``drop_codes_buffer()`` empties the
-words' buffer; reading the attribute afterwards (``affine()``, ``dequantize()``, sharding, conversion) gets the
-words rebuilt from the runtime, word for word, as a transient tensor, and ``state_dict()`` writes them. Writing
-the words (``load_state_dict``, ``load_affine``) gives the layer its buffer back first and the runtime is built
-again at the next forward.
+4-bit parts, an MLX layer on CPU its ``weight`` into 4-bit parts; keeping both held each code twice (8.8 bits a
+4-bit GPTQ weight at groups of 128 on CPU instead of 4.4). Once the runtime is built, ``drop_codes_buffer()``
+empties the words' buffer; reading the attribute afterwards (``affine()``, ``dequantize()``, sharding,
+conversion) gets the words rebuilt from the runtime, word for word, as a transient tensor, and ``state_dict()``
+writes them. Writing the words (``load_state_dict``, ``load_affine``) gives the layer its buffer back first and
+the runtime is built again at the next forward.
 """
 
 from __future__ import annotations
