@@ -286,7 +286,7 @@ def test_affine_runtime_reaches_layers_loaded_from_files(tmp_path, monkeypatch) 
     for flag in (False, None, True):  # None (the default) and True: Q4_K's runtime in place of its blocks
         lay = load_checkpoint(tmp_path / "m.gguf", dtype=torch.float16, affine_runtime=flag)["blk.0.attn_v"]
         assert isinstance(lay, GGUFTritonKernel) and (lay.affine_packed() is not None) is (flag is not False)
-        assert lay.blocks_replaced is (flag is not False) and np.array_equal(lay.blocks().numpy(), raw)
+        assert lay.codes_replaced is (flag is not False) and np.array_equal(lay.blocks().numpy(), raw)
         x = torch.randn(3, 256, generator=torch.Generator().manual_seed(1)).half()
         ref = x.double().numpy() @ oracle(raw, G.GGMLType.Q4_K, 256).astype(np.float64).T
         assert np.linalg.norm(lay(x).double().numpy() - ref) / np.linalg.norm(ref) < TOL[torch.float16]
@@ -324,9 +324,9 @@ def test_runtime_replaces_blocks_losslessly(qtype: str, k: int, dtype: torch.dty
     lay = GGUFTritonKernel(G.scheme_for(qtype, k, n), dtype=dtype)
     lay.load_blocks(raw.clone())
     lay.prepare()
-    assert lay.blocks_replaced and lay.qweight is None and lay.affine_packed() is not None
+    assert lay.codes_replaced and "qweight" not in dict(lay.named_buffers()) and lay.affine_packed() is not None
     assert torch.equal(lay.state_dict()["qweight"], raw) and list(lay.state_dict()) == ["qweight"]
-    assert torch.equal(lay.blocks(), raw) and lay.qweight is None
+    assert torch.equal(lay.blocks(), raw) and torch.equal(lay.qweight, raw) and lay.codes_replaced
     assert np.array_equal(lay.dequantize().numpy(), w64.astype(np.float32))
     for m, x_dtype in ((1, dtype), (5, dtype), (40, dtype), (3, torch.float32)):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(x_dtype)
@@ -337,15 +337,32 @@ def test_runtime_replaces_blocks_losslessly(qtype: str, k: int, dtype: torch.dty
     twin.load_blocks(random_rows(qtype, n, k, 2))
     twin.prepare()
     twin.load_state_dict(lay.state_dict())
-    assert not twin.blocks_replaced and torch.equal(twin.qweight, raw)
+    assert not twin.codes_replaced and torch.equal(twin.qweight, raw)
     twin.ensure_prepared()
-    assert twin.blocks_replaced and torch.equal(twin.blocks(), raw)
+    assert twin.codes_replaced and torch.equal(twin.blocks(), raw)
     lay.bfloat16().half().float()  # what model.to(dtype) does: the runtime keeps its dtypes, so nothing is rounded
     assert torch.equal(lay.blocks(), raw) and lay.affine_packed().scales.dtype == {"Q4_K": torch.uint8,
                                                                                   "Q8_0": torch.float16}[qtype]
     other = random_rows(qtype, n, k, 3)
     lay.load_blocks(other)
     assert lay(torch.ones(1, k, dtype=dtype)).shape == (1, n) and torch.equal(lay.blocks(), other)
+
+
+def test_a_bias_changed_after_the_drop_rebuilds_the_runtime_from_the_read_back_blocks() -> None:
+    qtype, k, n = "Q8_0", 640, 24
+    raw = random_rows(qtype, n, k, 4)
+    lay = GGUFTritonKernel(G.scheme_for(qtype, k, n), bias=True, dtype=torch.float16)
+    lay.load_blocks(raw.clone(), torch.zeros(n))
+    lay.prepare()
+    old_anchor = lay.runtime_anchor()
+    assert lay.codes_replaced
+    with torch.no_grad():
+        lay.bias.add_(1.0)  # a checkpoint tensor changed in place: the next forward prepares again
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(0)).half()
+    ref = x.double().numpy() @ oracle(raw.numpy(), G.ggml_type(qtype), k).astype(np.float64).T + 1.0
+    y = lay(x)
+    assert lay.runtime_anchor() is not old_anchor and lay.codes_replaced and torch.equal(lay.blocks(), raw)
+    assert np.linalg.norm(y.double().numpy() - ref) / np.linalg.norm(ref) < TOL[torch.float16]
 
 
 def test_q8_0_runtime_is_gptq_8bit_g32() -> None:
@@ -371,7 +388,7 @@ def test_q4_k_keeps_its_blocks_where_the_runtime_would_not_replace_them() -> Non
         lay = GGUFTritonKernel(G.scheme_for("Q4_K", k, n), dtype=dtype, affine_runtime=flag)
         lay.load_blocks(raw)
         lay.prepare()
-        assert not lay.blocks_replaced and torch.equal(lay.qweight, raw), name
+        assert not lay.codes_replaced and torch.equal(lay.qweight, raw), name
         assert lay.affine_packed() is None, name
 
 
@@ -385,7 +402,7 @@ def test_q4_k_replaced_blocks_shard_and_report_their_device() -> None:
     lay = GGUFTritonKernel(G.scheme_for("Q4_K", k, n), dtype=torch.float16)
     lay.load_blocks(raw)
     lay.prepare()
-    assert lay.blocks_replaced and lay.weight_device == torch.device("cpu")
+    assert lay.codes_replaced and lay.weight_device == torch.device("cpu")
     part = shard(lay, 1, 2, "out", backend="gguf_torch")  # the interpreter runs on a CPU target
     assert torch.equal(part.layer.qweight, raw[16:])
 

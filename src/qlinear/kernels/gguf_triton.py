@@ -12,8 +12,8 @@ bits 1/4/5/6; qlinear adds 8 (``planned/gguf.TRITON_EXTRA_BITS``) so that Q8_0 l
 rather than GGUFTorchLinear's whole-weight decode in every forward.
 
 Q4_K (half-precision layers of whole super-blocks) runs by default on the GPTQ kernels instead: ``prepare()``
-re-lays the blocks' own fields (``layout.build_kquant``, 4.75 bits a weight) and drops the blocks, which
-``blocks()`` re-encodes bit for bit for saving, sharding and float32 inputs (``replaces_blocks``).
+re-lays the blocks' own fields (``layout.build_kquant``, 4.75 bits a weight) and drops the blocks, which reading
+``qweight`` re-encodes bit for bit for saving, sharding and float32 inputs (``replaces_blocks``, ``resident_codes``).
 ``affine_runtime=True`` also builds the float32 ``scale * code + offset`` form of Q4_0 and Q4_1 (about 6 bits a
 weight) beside their blocks; ``affine_runtime=False`` keeps every layer on its blocks. The forward then runs the GPTQ
 variants with an additive offset per group (gemv_tc, gemv, skinny2, gemm2, dense).
@@ -33,6 +33,7 @@ from ..target import Target
 from .gguf_runtime import lossless_runtime, to_blocks, to_runtime
 from .gguf_torch import GGUFQuantLinear
 from .planned.gguf import GGUFTritonKernel as _Declared
+from .resident_codes import CodesInRuntime
 from .triton.runtime import interpreting
 from .triton_gptq import device_facts, fitted_config, triton_version_reasons, unfit_variants
 
@@ -60,7 +61,7 @@ AFFINE_BUFFERS = ("_af_qweight", "_af_scales", "_af_offsets", "_af_supers", "_af
 DENSE_DECODER = "triton"
 
 
-class GGUFTritonKernel(GGUFQuantLinear):
+class GGUFTritonKernel(CodesInRuntime, GGUFQuantLinear):
     """Native GGML blocks of Q4_0/Q4_1/Q5_0/Q5_1/Q5_K/Q6_K/Q1_0 decoded inside Triton matmuls; Q4_K and Q8_0 re-laid
     losslessly for the GPTQ Triton kernels (``replaces_blocks``)."""
 
@@ -95,8 +96,8 @@ class GGUFTritonKernel(GGUFQuantLinear):
         super().__init__(scheme, bias=bias, dtype=dtype, qtype=qtype)
         self.affine_runtime = affine_runtime
         self._af_meta: tuple[int, ...] | None = None
-        #: the blocks were swapped for their lossless runtime form (``replaces_blocks``); ``blocks()`` rebuilds them
-        self.blocks_replaced = False
+        #: the runtime form holds every field of the blocks (``replaces_blocks``): the blocks are dropped
+        self._af_lossless = False
 
     def replaces_blocks(self) -> bool:
         """Does ``prepare()`` swap the blocks for their runtime form? Unless ``affine_runtime=False``: for Q4_K and Q8_0
@@ -105,40 +106,31 @@ class GGUFTritonKernel(GGUFQuantLinear):
         as the block kernels (H100, benchmarks/gguf_crossover.py)."""
         return self.affine_runtime is not False and lossless_runtime(self.qtype, self.in_features, self.dtype)
 
-    def blocks(self) -> torch.Tensor:
-        """The GGML bytes: the buffer, or, when the runtime form replaced it, the blocks re-encoded from it (bit for
-        bit: the form keeps every field's value; a transient tensor)."""
-        return to_blocks(self.affine_packed(), self.qtype) if self.blocks_replaced else self.qweight
+    # the blocks replaced by their lossless runtime form (``resident_codes.CodesInRuntime``)
+    def checkpoint_names(self) -> tuple[str, ...]:
+        return ("qweight", "bias")
 
-    def _restore_blocks_buffer(self) -> None:
-        """Before new blocks or a state dict arrive in a layer whose blocks were replaced: an empty buffer again."""
-        dev = self._af_qweight.device
-        self.qweight = torch.empty(self.out_features, self.type_info.row_bytes(self.in_features), dtype=torch.uint8,
-                                   device=dev)
+    def checkpoint_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {"qweight": ((self.out_features, self.type_info.row_bytes(self.in_features)), torch.uint8)}
+
+    def runtime_can_rebuild(self) -> bool:
+        return self._af_lossless and self._af_meta is not None
+
+    def rebuilt_words(self) -> torch.Tensor:
+        """The GGML bytes re-encoded from the runtime form, bit for bit (it keeps every field's value)."""
+        return to_blocks(self.affine_packed(), self.qtype)
+
+    def runtime_anchor(self) -> torch.Tensor:
+        return self._af_qweight
+
+    def drop_runtime(self) -> None:
         for name in AFFINE_BUFFERS:
             setattr(self, name, None)
-        self._af_meta, self.blocks_replaced, self._runtime_key = None, False, None
+        self._af_meta, self._af_lossless = None, False
 
     def load_blocks(self, qweight: Any, bias: Any = None, share: bool = False) -> None:
-        if self.blocks_replaced:
-            self._restore_blocks_buffer()
+        self.restore_codes_buffer()
         super().load_blocks(qweight, bias, share)
-
-    def _load_from_state_dict(self, state_dict: dict[str, object], prefix: str, *args: object,
-                              **kwargs: object) -> None:
-        if self.blocks_replaced and prefix + "qweight" in state_dict:
-            self._restore_blocks_buffer()
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
-        """The checkpoint is the blocks, also when the runtime replaced them (re-encoded, in buffer order)."""
-        if not self.blocks_replaced:
-            return super()._save_to_state_dict(destination, prefix, keep_vars)
-        self._buffers["qweight"] = self.blocks()
-        try:
-            super()._save_to_state_dict(destination, prefix, keep_vars)
-        finally:
-            self._buffers["qweight"] = None
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
         """Device moves only: ``model.half()`` or ``model.to(torch.bfloat16)`` would round the runtime's float32
@@ -149,15 +141,6 @@ class GGUFTritonKernel(GGUFQuantLinear):
             return out if out.dtype == t.dtype else t.to(out.device)
 
         return super()._apply(keep_dtype, recurse)
-
-    def ensure_prepared(self) -> None:
-        if not self.blocks_replaced:  # the runtime is the weight now; nothing to derive it from
-            super().ensure_prepared()
-
-    def checkpoint_tensors(self) -> list[torch.Tensor | None]:
-        """The blocks and bias, or once the runtime replaced the blocks, its words in their place (devices are read
-        from here)."""
-        return [self._af_qweight, self.bias] if self.blocks_replaced else super().checkpoint_tensors()
 
     @property
     def weight_device(self) -> torch.device:
@@ -171,22 +154,25 @@ class GGUFTritonKernel(GGUFQuantLinear):
 
     def prepare(self) -> None:
         """The split-K counters (int32 zeros, enough for 64 activation tiles of 16-row output tiles), and the GPTQ
-        kernels' layout of the blocks where it replaces them (``replaces_blocks``) or ``affine_runtime`` asks."""
-        if self.blocks_replaced:
-            return
+        kernels' layout of the blocks where it replaces them (``replaces_blocks``) or ``affine_runtime`` asks. The
+        blocks are read from the buffer, or rebuilt from the current runtime where it replaced them."""
         n = self.out_features
-        self._rt_lock = torch.zeros(64 * -(-n // 16), dtype=torch.int32, device=self.qweight.device)
-        self._af_meta = None
+        blocks = self.qweight
+        self._rt_lock = torch.zeros(64 * -(-n // 16), dtype=torch.int32, device=blocks.device)
         replace_blocks = self.replaces_blocks()
+        p = None
         if replace_blocks or self.affine_runtime:
-            p = to_runtime(self.qweight, self.qtype, self.in_features, lossless=replace_blocks)
+            p = to_runtime(blocks, self.qtype, self.in_features, lossless=replace_blocks)
             if p is None and replace_blocks and self.affine_runtime:  # non-finite scales: beside the blocks
-                p, replace_blocks = to_runtime(self.qweight, self.qtype, self.in_features, lossless=False), False
-            if p is not None:
-                self._adopt(p)
+                p, replace_blocks = to_runtime(blocks, self.qtype, self.in_features, lossless=False), False
+        if self.codes_replaced and not (replace_blocks and p is not None):
+            self._buffers["qweight"] = blocks  # the new form cannot give them back
+        self.drop_runtime()
+        if p is not None:
+            self._adopt(p)
+            self._af_lossless = replace_blocks
         super().prepare()
-        if replace_blocks and self._af_meta is not None:
-            self.qweight, self.blocks_replaced = None, True
+        self.drop_codes_buffer()
 
     def _adopt(self, p: Any) -> None:
         for name, t in p.tensors().items():
@@ -254,7 +240,7 @@ class GGUFTritonKernel(GGUFQuantLinear):
         name, sms = device_facts(device.index or 0) if device.type == "cuda" else ("interpreter", 4)
         what = ("the two-level Q4_K form" if p.supers is not None else "float32 scales and offsets per 32"
                 if p.offsets is not None else f"{p.bits}-bit words, zero {p.zero_const}")
-        form = f"{'blocks replaced by' if self.blocks_replaced else 'beside the blocks:'} {what}"
+        form = f"{'blocks replaced by' if self.codes_replaced else 'beside the blocks:'} {what}"
         cfg = self.runtime_config(p, m, self.dtype, device)
         if p.offsets is not None and m > OFFSET_TABLE_M:  # the offset crossovers, not the GPTQ table
             tiles = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}, split-K {cfg.split_k}, {cfg.num_warps} warps"
