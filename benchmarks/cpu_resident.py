@@ -41,9 +41,7 @@ def mlx4(k: int, n: int) -> torch.nn.Module:
 
 
 def runtime_tensors(layer: torch.nn.Module) -> list[torch.Tensor]:
-    if hasattr(layer, "_parts"):  # Exl2CpuLinear: the merged int4 runtime and the rows it reads
-        return [t for part in layer._parts for t in (*part.rt.tensors(), part.rows)]
-    rows = getattr(layer, "_rows", None)  # MlxCpuLinear: the input channel of each K position, when split
+    rows = getattr(layer, "_rows", None)  # EXL2 / MLX on CPU: the input channel of each K position
     return [*layer._rt.tensors(), *([rows] if rows is not None else [])]
 
 

@@ -93,3 +93,14 @@ def test_cpu_resident_counts_the_runtime_not_the_words(monkeypatch: pytest.Monke
     for r in rows:
         assert r[8].strip() == "True"  # the words are not kept beside the runtime
         assert float(r[6]) < 2 * float(r[4])  # resident bits a weight under twice the file's
+
+
+def test_cpu_decode_costs_table() -> None:
+    threads = torch.get_num_threads()
+    try:
+        text = load("cpu_decode_costs").main(["--shape", "1024x256", "--ms", "4", "--reps", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    assert "| g128 | 4 |" in text and "| g32 | 4 |" in text and "| MLX 8-bit g64 |" in text
+    rows = [r.split("|") for r in text.splitlines() if r.startswith("| 1024x256 |")]
+    assert not rows or float(rows[0][-2]) < 1e-2  # the prototype computes the same product (bf16 rounding)

@@ -88,7 +88,7 @@ def prepared(p: exl2.Exl2Params, seed: int) -> tuple[Exl2CpuLinear, dict[str, to
 def test_the_merged_weight_replaces_q_weight_word_for_word(p: exl2.Exl2Params) -> None:
     lay, t = prepared(p, 7)
     assert lay.codes_replaced and "q_weight" not in dict(lay.named_buffers())
-    assert torch.equal(stored_codes_of(lay._parts[0].rt, p, N), exl2.stored_codes(t["q_weight"], p))
+    assert torch.equal(stored_codes_of(lay._rt, p, N), exl2.stored_codes(t["q_weight"], p))
     sd = lay.state_dict()
     for name, v in t.items():
         assert torch.equal(sd[name], v), name

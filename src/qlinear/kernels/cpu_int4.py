@@ -38,11 +38,7 @@ from ..target import Target
 from . import native_int4
 from .awq_base import AwqQuantLinear
 from .gptq_base import GPTQQuantLinear
-from .int4pack_runtime import (
-    Int4PackRuntime,
-    op_group,
-    runtime_of,
-)
+from .int4pack_runtime import Int4PackRuntime, op_group, runtime_of
 from .planned import cpu as declared
 from .resident_codes import CodesInRuntime
 from .torch_awq import AwqTorchLinear
@@ -166,13 +162,14 @@ class Int4PackMixin(CodesInRuntime):
 
     def prepare(self) -> None:
         rt = build_runtime(self)
-        self.keep_words_unless(bool(rt.block))
+        self.keep_words_unless(rt.readable())
         self._rt = rt
         super().prepare()
         self.drop_codes_buffer()
 
     def runtime_can_rebuild(self) -> bool:
-        return bool(self.__dict__.get("_rt") and self._rt.block)
+        rt = self.__dict__.get("_rt")
+        return rt is not None and rt.readable()
 
     def rebuilt_words(self) -> torch.Tensor:
         return self.words_of(self._rt.codes(self.out_features, self.in_features))
@@ -222,18 +219,41 @@ def choose_path(rt: Int4PackRuntime, m: int, k: int, n: int, grad: bool, who: st
     return Path.DECODE
 
 
-def run_positions(rt: Int4PackRuntime, xb: torch.Tensor, rows: torch.Tensor | None, n: int, who: str,
-                  tile_elements: int = 1 << 19) -> torch.Tensor:
-    """``xb [M, K]`` bfloat16 times a runtime whose K positions read input channels ``rows`` (None: in order; a
-    channel may be read twice, as the two nibble parts of a wide code): ``[M, n]`` on the path M picks (bfloat16,
-    or float32 with offsets)."""
-    grad = torch.is_grad_enabled() and xb.requires_grad
-    xp = xb if rows is None else xb.index_select(1, rows)
-    positions = xp.shape[1]
-    if rt.k_pad > positions:
-        xp = F.pad(xp, (0, rt.k_pad - positions))
-    path = choose_path(rt, xb.shape[0], positions, n, grad, who)
-    return run_path(rt, xp, path, tile_elements, who)[:, :n]
+class Int4PositionsForward:
+    """Runtime mixin of the layers of other formats on the int4 runtime (EXL2 and MLX on CPU): ``_rt``, whose K
+    positions read input channels ``_rows`` (None: in order; a channel may be read twice, as the two nibble parts
+    of a wide code), built by the layer's ``prepare()``; the forward and what ``CodesInRuntime`` asks of it."""
+
+    #: Decoded elements per tile on the decode path, as ``Int4PackMixin``'s.
+    TILE_ELEMENTS = 1 << 19
+    _rt: Int4PackRuntime | None = None
+    _rows: torch.Tensor | None = None
+
+    def runtime_can_rebuild(self) -> bool:
+        return self._rt is not None and self._rt.readable()
+
+    def runtime_anchor(self) -> torch.Tensor:
+        return self._rt.packed
+
+    def drop_runtime(self) -> None:
+        self._rt = self._rows = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, who = self.out_features, type(self).__name__
+        self.check_input(x, "cpu")
+        self.ensure_prepared()
+        rt = self._rt
+        xb = x.reshape(-1, self.in_features).to(BF16)
+        grad = torch.is_grad_enabled() and xb.requires_grad
+        xp = xb if self._rows is None else xb.index_select(1, self._rows)
+        positions = xp.shape[1]
+        if rt.k_pad > positions:
+            xp = F.pad(xp, (0, rt.k_pad - positions))
+        path = choose_path(rt, xb.shape[0], positions, n, grad, who)
+        y = run_path(rt, xp, path, self.TILE_ELEMENTS, who)[:, :n]
+        if self.bias is not None:  # in place into float32 sums (a fresh [M, N] float32 costs a pass at large M)
+            y = y.add_(self.bias) if y.dtype == torch.float32 and not grad else y + self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], n)
 
 
 def run_path(rt: Int4PackRuntime, xb: torch.Tensor, path: Path, tile_elements: int, who: str) -> torch.Tensor:

@@ -21,7 +21,6 @@ when saved, decoded or sharded.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
@@ -31,24 +30,13 @@ from ..enums import BACKEND, DEVICE, FORMAT
 from ..layouts import exl2
 from ..target import Target
 from . import exl2_runtime
-from .cpu_int4 import ops_reasons, run_positions
+from .cpu_int4 import Int4PositionsForward, ops_reasons
 from .exl2 import exl2_params
 from .exl2_replaced import Exl2ReplacedWeight
-from .int4pack_runtime import Int4PackRuntime, runtime_of, unpack_blocks
+from .int4pack_runtime import Int4PackRuntime, runtime_of
 
 #: EXL2 width -> the width its codes take before the CPU parts are cut (8-bit runs become two 4-bit parts)
 CPU_BITS = {8: 8, 6: 8, 5: 8, 4: 4, 3: 4, 2: 4}
-#: decoded elements per tile on the decode path (as ``Int4PackMixin``)
-TILE_ELEMENTS = 1 << 19
-
-
-@dataclass(frozen=True)
-class Part:
-    """One 4-bit part: the input channels its K positions read, and its int4 runtime."""
-
-    rows: torch.Tensor
-    rt: Int4PackRuntime
-
 
 def part_weights(q_weight: torch.Tensor, scales: torch.Tensor, p: exl2.Exl2Params) -> list[tuple[int, AffineWeight]]:
     """``(first stored row, 4-bit AffineWeight over the part's stored rows)`` per part, from ``q_weight`` and the
@@ -82,18 +70,11 @@ def merged(parts: list[tuple[int, AffineWeight]]) -> tuple[torch.Tensor, AffineW
     return rows, AffineWeight(codes, scales, zeros, g_idx, 4, g, bool((zeros == 8).all()))
 
 
-def readable(rt: Int4PackRuntime) -> bool:
-    """``stored_codes_of`` can read the runtime back: the decode path's blocks, positions in K order."""
-    return bool(rt.block) and rt.ret_idx is None
-
-
 def stored_codes_of(rt: Int4PackRuntime, p: exl2.Exl2Params, n: int) -> torch.Tensor:
-    """``merged`` undone: the stored codes ``[K, N]`` uint8 from the runtime's bytes (``unpack_blocks``; 4-bit
-    parts shifted down, the two nibble parts of a wide row joined)."""
-    if not readable(rt):
-        raise ValueError("stored_codes_of: expected the decode path's block layout in K order, got "
-                         f"block {rt.block}, reordered K: {rt.ret_idx is not None}")
-    positions = unpack_blocks(rt.packed)[:n].t()  # [K positions, N]
+    """``merged`` undone: the stored codes ``[K, N]`` uint8 from the runtime's bytes (``Int4PackRuntime.codes``;
+    4-bit parts shifted down, the two nibble parts of a wide row joined)."""
+    total = sum(seg.rows * (1 if seg.bits == 4 else 2) for seg in exl2_runtime.segments(p, CPU_BITS))
+    positions = rt.codes(n, total).t()  # [K positions, N]
     codes = torch.empty(p.in_features, n, dtype=torch.uint8)
     pos = 0
     for seg in exl2_runtime.segments(p, CPU_BITS):
@@ -105,13 +86,15 @@ def stored_codes_of(rt: Int4PackRuntime, p: exl2.Exl2Params, n: int) -> torch.Te
     return codes
 
 
-def parts_of(q_weight: torch.Tensor, scales: torch.Tensor, perm: torch.Tensor, p: exl2.Exl2Params) -> list[Part]:
-    """The layer's weight as int4 runtimes (``perm``, int64: the input channel of each stored row): one, merged."""
+def runtime_of_exl2(q_weight: torch.Tensor, scales: torch.Tensor, perm: torch.Tensor,
+                    p: exl2.Exl2Params) -> tuple[Int4PackRuntime, torch.Tensor]:
+    """The layer's weight as one int4 runtime, its parts merged, and the input channel each K position reads
+    (``perm``, int64: the input channel of each stored row)."""
     rows, q = merged(part_weights(q_weight, scales, p))
-    return [Part(perm[rows].contiguous(), runtime_of(q))]
+    return runtime_of(q), perm[rows].contiguous()
 
 
-class Exl2CpuLinear(Exl2ReplacedWeight):
+class Exl2CpuLinear(Int4PositionsForward, Exl2ReplacedWeight):
     """EXL2 (2/3/4/5/6/8-bit row groups) on CPU as 4-bit parts run by the int4 kernels (bfloat16 arithmetic)."""
 
     backend = BACKEND.EXL2_CPU
@@ -141,43 +124,19 @@ class Exl2CpuLinear(Exl2ReplacedWeight):
                 "(4/3/2-bit groups as 4-bit codes; 8/6/5-bit groups as two exact nibble parts), on its path by M "
                 "(native AVX512-BF16 / AMX, the int4pack op, decode + bfloat16 GEMM)")
 
-    def register_checkpoint_buffers(self, bias: bool) -> None:
-        super().register_checkpoint_buffers(bias)
-        self._parts: list[Part] = []
-
-    def runtime_can_rebuild(self) -> bool:
-        return bool(self._parts) and readable(self._parts[0].rt)
-
     def rebuilt_words(self) -> torch.Tensor:
         p = exl2_params(self.scheme)
-        return exl2.pack_codes(stored_codes_of(self._parts[0].rt, p, self.out_features), p)
-
-    def runtime_anchor(self) -> torch.Tensor:
-        return self._parts[0].rt.packed
-
-    def drop_runtime(self) -> None:
-        self._parts = []
+        return exl2.pack_codes(stored_codes_of(self._rt, p, self.out_features), p)
 
     def prepare(self) -> None:
-        """Check the file's tensors, build the 4-bit parts from them and, where their bytes can be read back, drop
-        ``q_weight`` (read back from the current parts when it was dropped before)."""
+        """Check the file's tensors, build the merged 4-bit runtime from them and, where its bytes can be read back,
+        drop ``q_weight`` (read back from the current runtime when it was dropped before)."""
         super().prepare()  # checks the tensors; q_perm (int64), the float16 group scales
-        parts = parts_of(self.q_weight, self._scales, self._perm, exl2_params(self.scheme))
-        self.keep_words_unless(readable(parts[0].rt))
-        self._parts = parts
-        self._perm = self._scales = self._groups = None  # the torch decode's tensors: the parts hold the weight now
+        rt, rows = runtime_of_exl2(self.q_weight, self._scales, self._perm, exl2_params(self.scheme))
+        self.keep_words_unless(rt.readable())
+        self._rt, self._rows = rt, rows
+        self._perm = self._scales = self._groups = None  # the torch decode's tensors: the runtime holds them now
         self.drop_codes_buffer()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = self.out_features
-        self.check_input(x, "cpu")
-        self.ensure_prepared()
-        xb = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        part = self._parts[0]  # merged: one part
-        y = run_positions(part.rt, xb, part.rows, n, type(self).__name__, TILE_ELEMENTS)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype).reshape(*x.shape[:-1], n)
 
 
 KERNELS = (Exl2CpuLinear,)

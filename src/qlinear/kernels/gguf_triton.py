@@ -165,8 +165,7 @@ class GGUFTritonKernel(CodesInRuntime, GGUFQuantLinear):
             p = to_runtime(blocks, self.qtype, self.in_features, lossless=replace_blocks)
             if p is None and replace_blocks and self.affine_runtime:  # non-finite scales: beside the blocks
                 p, replace_blocks = to_runtime(blocks, self.qtype, self.in_features, lossless=False), False
-        if self.codes_replaced and not (replace_blocks and p is not None):
-            self._buffers["qweight"] = blocks  # the new form cannot give them back
+        self.keep_words_unless(replace_blocks and p is not None, blocks)
         self.drop_runtime()
         if p is not None:
             self._adopt(p)

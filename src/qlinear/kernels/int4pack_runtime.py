@@ -57,9 +57,13 @@ class Int4PackRuntime:
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.packed, self.scales_zeros, self.ret_idx) if t is not None]
 
+    def readable(self) -> bool:
+        """Can ``codes`` read the codes back? (Not where the op's bytes are in a layout of this torch build's own.)"""
+        return bool(self.block)
+
     def codes(self, n: int, k: int) -> torch.Tensor:
-        """The codes ``[n, k]`` uint8 in input-channel order, read back from ``packed`` (``block`` must be set)."""
-        if not self.block:
+        """The codes ``[n, k]`` uint8 in input-channel order, read back from ``packed`` (``readable()`` must hold)."""
+        if not self.readable():
             raise ValueError("codes: this torch build packs int4 in a layout the decode path cannot read back")
         at_positions = unpack_blocks(self.packed)[:n, :k]
         if self.ret_idx is None:

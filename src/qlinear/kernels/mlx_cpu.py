@@ -23,7 +23,7 @@ from ..caps import Caps, Problem
 from ..enums import BACKEND, DEVICE, FORMAT
 from ..layouts import mlx
 from ..target import Target
-from .cpu_int4 import ops_reasons, run_positions
+from .cpu_int4 import Int4PositionsForward, ops_reasons
 from .int4pack_runtime import Int4PackRuntime, runtime_from_pairs
 from .mlx_torch import MlxTorchLinear
 from .resident_codes import CodesInRuntime
@@ -71,7 +71,7 @@ def codes_of_mlx(rt: Int4PackRuntime, bits: int, n: int, k: int) -> torch.Tensor
     return (moved - shift(bits)).to(torch.uint8)
 
 
-class MlxCpuLinear(CodesInRuntime, MlxTorchLinear):
+class MlxCpuLinear(Int4PositionsForward, CodesInRuntime, MlxTorchLinear):
     """MLX affine weights (1-6 and 8 bits, groups 32/64/128) on CPU as 4-bit parts on the int4 kernels (bfloat16)."""
 
     backend = BACKEND.MLX_CPU
@@ -92,29 +92,15 @@ class MlxCpuLinear(CodesInRuntime, MlxTorchLinear):
         return (f"{mlx.describe(s)}: codes moved up by {shift(s.bits)} as {form}, scales and offsets in bfloat16 "
                 "pairs, on the int4 kernels by M (native AVX512-BF16 / AMX, the int4pack op, decode + bfloat16 GEMM)")
 
-    def register_checkpoint_buffers(self, bias: bool) -> None:
-        super().register_checkpoint_buffers(bias)
-        self._rt: Int4PackRuntime | None = None
-        self._rows: torch.Tensor | None = None
-
     def checkpoint_names(self) -> tuple[str, ...]:
         return ("weight", "scales", "biases", "bias")
 
     def checkpoint_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         return {name: (shape, dtypes[0]) for name, (shape, dtypes) in mlx.checkpoint_shapes(self.scheme).items()}
 
-    def runtime_can_rebuild(self) -> bool:
-        return self._rt is not None and bool(self._rt.block)
-
     def rebuilt_words(self) -> torch.Tensor:
         s = self.scheme
         return mlx.pack(codes_of_mlx(self._rt, s.bits, s.out_features, s.in_features), s.bits)
-
-    def runtime_anchor(self) -> torch.Tensor:
-        return self._rt.packed
-
-    def drop_runtime(self) -> None:
-        self._rt = self._rows = None
 
     def prepare(self) -> None:
         """Check the scales and biases, build the runtime from the words and drop them (read back from the current
@@ -123,19 +109,9 @@ class MlxCpuLinear(CodesInRuntime, MlxTorchLinear):
         s = self.scheme
         codes = mlx.unpack(self.weight, s.bits, s.in_features)
         rt, rows = runtime_of_mlx(codes, self.scales, self.biases, s.bits, s.group_size)
-        self.keep_words_unless(bool(rt.block))
+        self.keep_words_unless(rt.readable())
         self._rt, self._rows = rt, rows
         self.drop_codes_buffer()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = self.out_features
-        self.check_input(x, "cpu")
-        self.ensure_prepared()
-        xb = x.reshape(-1, self.in_features).to(BF16)
-        y = run_positions(self._rt, xb, self._rows, n, type(self).__name__)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype).reshape(*x.shape[:-1], n)
 
 
 KERNELS = (MlxCpuLinear,)

@@ -48,11 +48,12 @@ class CodesInRuntime:
         """The words' buffer is empty and the runtime holds the codes."""
         return self.__dict__.get("_buffers", {}).get(self.codes_buffer, 0) is None
 
-    def keep_words_unless(self, readable: bool) -> None:
+    def keep_words_unless(self, readable: bool, words: torch.Tensor | None = None) -> None:
         """Before a new runtime replaces the current one: if the new one cannot give the codes back
-        (``readable`` False) and the words were dropped, put them back from the current runtime first."""
+        (``readable`` False) and the words were dropped, put them back (``words``, when the caller already read
+        them, else rebuilt from the current runtime) first."""
         if self.codes_replaced and not readable:
-            self._buffers[self.codes_buffer] = self.rebuilt_words()
+            self._buffers[self.codes_buffer] = self.rebuilt_words() if words is None else words
 
     def drop_codes_buffer(self) -> None:
         """After the runtime is built (``prepare``): empty the words' buffer when the runtime can rebuild it."""
