@@ -10,9 +10,11 @@ OUT="${OUT:-/tmp/gpu_pending}"
 mkdir -p "$OUT"
 export OUT
 status=0
+only=" $* "  # step names to run (all when none given): bash benchmarks/gpu_pending.sh gpu_exl2 e2e_decoder
 run() {  # name, time limit (s), command...
     local name=$1 limit=$2
     shift 2
+    [ "$only" = "  " ] || [[ "$only" == *" $name "* ]] || return 0
     echo "=== $name"
     timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "$name failed ($?)"; status=1; }
     tail -n 5 "$OUT/$name.log"
@@ -49,4 +51,7 @@ run gguf_q8 120 python benchmarks/gguf_crossover.py --qtypes Q8_0 --ms 8,16,32,6
 run gpu_exl2 150 python benchmarks/gpu_exl2.py --reps 15
 run exl3_maxnreg 120 python benchmarks/gpu_exl3_parts.py --no-transforms --bits 2,4 --shapes 4096x14336 \
     --maxnreg 0,64,80,128
+# gemm6 (2026-12-06, never on a GPU): the dequantization on its own warpgroup, wgmma from shared memory only,
+# against the layer's choice and bf16 at large M (issue 25's M >= 1024 cells)
+run gemm6_bigm 280 python benchmarks/gemm6_bigm.py --budget 200
 exit $status
