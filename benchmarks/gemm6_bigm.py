@@ -29,8 +29,8 @@ from qlinear.kernels.triton.configs import Config
 from qlinear.kernels.triton.dequant import dense_t
 
 #: (block_m, block_n, block_k, consumer warps, stages, dequantized tiles in flight)
-TILES = ((128, 256, 64, 8, 4, 2), (128, 256, 64, 8, 3, 3), (128, 128, 64, 8, 4, 2), (128, 128, 64, 8, 6, 3),
-         (128, 128, 64, 4, 4, 2), (64, 256, 64, 8, 6, 2))
+TILES = ((256, 128, 64, 8, 4, 2), (256, 128, 64, 8, 4, 3), (128, 256, 64, 8, 4, 2), (128, 256, 64, 8, 3, 3),
+         (128, 128, 64, 8, 4, 2), (128, 128, 64, 4, 4, 2))
 
 
 def check(p, r: int, cfg: Config, x: torch.Tensor, ref: torch.Tensor, own: torch.Tensor) -> tuple[list, str]:

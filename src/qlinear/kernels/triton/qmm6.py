@@ -97,10 +97,20 @@ def _issue(acc, i, xs, wt, full, ready, STAGES: gl.constexpr, WSTAGES: gl.conste
     return warpgroup_mma_wait(num_outstanding=1, deps=[acc])
 
 
+@gluon.constexpr_function
+def acc_layout(block_m: int, num_warps: int) -> gl.NVMMADistributedLayout:
+    """The ``[BN, BM]`` accumulator's wgmma layout: warpgroups over channels, except a 256-row M tile on two
+    warpgroups, which they split along M (one m64n256 wgmma would hold 128 accumulator registers, more than
+    ptxas gives an instruction when 13 warps cap the launch at 128 a thread)."""
+    if block_m == 256 and num_warps == 8:
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 128, 16])
+    return mma_layout(block_m, num_warps)
+
+
 @gluon.jit
 def _consumer(xs, wt, full, empty, ready, free, steps, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, WSTAGES: gl.constexpr):
-    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma_layout(BLOCK_M, gl.num_warps()))
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout(BLOCK_M, gl.num_warps()))
     acc = _issue(acc, 0, xs, wt, full, ready, STAGES, WSTAGES)  # peeled (module docstring)
     for i in range(1, steps):
         acc = _issue(acc, i, xs, wt, full, ready, STAGES, WSTAGES)
@@ -170,6 +180,8 @@ def gemm6_reasons(p: Packed, cfg: Config) -> list[str]:
     if cfg.num_warps not in (4, 8) or cfg.block_n != 16 * cfg.num_warps * (cfg.block_n // (16 * cfg.num_warps)):
         out.append(f"{cfg.num_warps} consumer warps for block_n {cfg.block_n} (expected 4 or 8 warps, "
                    "16 channels a warp times 1, 2 or 4)")
+    if cfg.block_m == 256 and cfg.num_warps == 8 and cfg.block_n != 128:
+        out.append(f"block_n {cfg.block_n} for a 256-row M tile (expected 128: the warpgroups split M)")
     if cfg.block_m * cfg.block_n // (32 * cfg.num_warps) > 128:
         out.append(f"block {cfg.block_m}x{cfg.block_n} on {cfg.num_warps} warps (over 128 accumulator registers)")
     return out
