@@ -182,7 +182,7 @@ def test_gemm6_compiles_for_sm90_pipelined_from_shared_memory(sass: dict[str, st
     code = sass[case]
     hgmma = re.findall(r"\bHGMMA\.(\S+)\s+R\d+,\s+(\S+),", code)
     assert len(hgmma) >= 8, "two steps' wgmma (the peeled one and the loop's)"
-    assert all(not a.startswith("R") for _, a in hgmma), "the A operand from shared memory (a descriptor), not registers"
+    assert all(not a.startswith("R") for _, a in hgmma), "A from shared memory (a descriptor), not registers"
     waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", code)
     assert "0x1" in waits and len(waits) < len(hgmma) // 2, f"wgmma serialized: {len(waits)} waits"
     assert re.search(r"\bSTSM\b", code), "the dequantized tile stored by stmatrix"
