@@ -34,6 +34,7 @@ FAMILIES: tuple[str, ...] = (
     "vptq",
     "mlx_torch",
     "mlx_cpu",
+    "mlx_holders",
     "paroquant",
     "exllamav2",
     "exl2",

@@ -1,0 +1,77 @@
+"""MLX modules for weights leaving qlinear: what an MLX holder's ``to_mlx()`` returns.
+
+Imported only by ``to_mlx()`` (this module imports ``mlx``). An integer-affine weight MLX holds exactly becomes
+mlx's own ``nn.QuantizedLinear`` (the module mlx-lm builds and saves). Groups of 16, which MLX lacks, become
+``Group16Linear``: the codes once, with group-32 scales and biases for the even half-groups and for the odd ones;
+each product sees only its half-groups' inputs (the others zeroed), so each half's weights are exact and the
+other half's contribute exactly zero.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import torch
+
+from .affine import AffineWeight
+from .layouts import mlx as layout
+from .layouts.mlx import MlxWeight
+from .mlx_convert import MlxConversionError, from_affine
+
+
+def to_mx(t: torch.Tensor) -> mx.array:
+    """A copy of ``t`` as an ``mx.array`` of the same dtype (bfloat16 through float32, exactly)."""
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return mx.array(t.float().numpy()).astype(mx.bfloat16)
+    return mx.array(t.numpy())
+
+
+def quantized_linear(w: MlxWeight, bias: torch.Tensor | None) -> nn.QuantizedLinear:
+    """mlx's ``QuantizedLinear`` holding ``w`` (and ``bias``) as stored. Its constructor's random weight is lazy
+    and replaced before anything evaluates it."""
+    layer = nn.QuantizedLinear(w.in_features, w.out_features, bias=bias is not None, group_size=w.group_size,
+                               bits=w.bits)
+    layer.weight = to_mx(layout.pack(w.codes, w.bits))
+    layer.scales = to_mx(w.scales)
+    layer.biases = to_mx(w.biases)
+    if bias is not None:
+        layer.bias = to_mx(bias)
+    return layer
+
+
+class Group16Linear(nn.Module):
+    """Groups of 16 as two group-32 quantized products over masked inputs (see the module docstring)."""
+
+    def __init__(self, even: MlxWeight, odd: MlxWeight, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.bits = even.bits
+        self.weight = to_mx(layout.pack(even.codes, even.bits))
+        self.scales_even, self.biases_even = to_mx(even.scales), to_mx(even.biases)
+        self.scales_odd, self.biases_odd = to_mx(odd.scales), to_mx(odd.biases)
+        if bias is not None:
+            self.bias = to_mx(bias)
+        self.even_inputs = mx.array((np.arange(even.in_features) // 16) % 2 == 0)
+        self.freeze()
+
+    def __call__(self, x: mx.array) -> mx.array:
+        even = self.even_inputs.astype(x.dtype)
+        y = mx.quantized_matmul(x * even, self.weight, self.scales_even, self.biases_even, transpose=True,
+                                group_size=32, bits=self.bits)
+        y = y + mx.quantized_matmul(x * (1 - even), self.weight, self.scales_odd, self.biases_odd, transpose=True,
+                                    group_size=32, bits=self.bits)
+        return y + self.bias if "bias" in self else y
+
+
+def group16_linear(q: AffineWeight, bias: torch.Tensor | None) -> Group16Linear:
+    """``Group16Linear`` for a weight in groups of 16 (refused, as ``from_affine`` refuses, when MLX cannot hold
+    either half exactly)."""
+    if q.desc_act:
+        raise MlxConversionError("g_idx: the weight is act-order (desc_act); MLX groups are contiguous input channels")
+    if q.in_features % 32:
+        raise MlxConversionError(f"in_features: groups of 16 run as two group-32 products, which need in_features "
+                                 f"a multiple of 32; got {q.in_features}")
+    g_idx = torch.arange(q.in_features, dtype=torch.int32) // 32
+    halves = [AffineWeight(q.codes, q.scales[:, h::2], q.zeros[:, h::2], g_idx, q.bits, 32, q.sym) for h in (0, 1)]
+    return Group16Linear(from_affine(halves[0]), from_affine(halves[1]), bias)
