@@ -23,7 +23,8 @@ K, N = 256, 96
 HOLDERS = [(h.MlxQuantLinear, "gptq", "gptq", True), (h.MlxQuantLinear, "gptq_v2", "gptq", False),
            (h.AwqMlxQuantLinear, "gemm", "awq", False), (h.AwqGemvMlxQuantLinear, "gemv", "awq", False),
            (h.AwqGemvFastMlxQuantLinear, "gemv_fast", "awq", False), (h.LLMAwqMlxQuantLinear, "llm-awq", "awq", False),
-           (h.GPTQBitBLASMlxQuantLinear, "bitblas", "gptq", True), (h.AWQBitBLASMlxQuantLinear, "bitblas", "awq", False)]
+           (h.GPTQBitBLASMlxQuantLinear, "bitblas", "gptq", True),
+           (h.AWQBitBLASMlxQuantLinear, "bitblas", "awq", False)]
 
 
 def weight(bits: int, group: int, sym: bool, seed: int) -> AffineWeight:
