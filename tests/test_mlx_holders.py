@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from qlinear.affine import AffineWeight, quantize_rtn
+from qlinear.caps import Problem
 from qlinear.kernels import mlx_holders as h
 from qlinear.kernels.registry import kernel_by_name
 from qlinear.mlx_convert import MlxConversionError
 from qlinear.spec import Scheme
+from qlinear.target import Target
 from tests.mlx_support import need_mlx
 
 K, N = 256, 96
@@ -134,3 +136,67 @@ def test_holders_are_registered_and_the_marlin_holders_stay_declared() -> None:
     for cls, *_ in HOLDERS:
         assert kernel_by_name(cls.__name__) is cls and cls.implemented
     assert not kernel_by_name("GPTQMarlinMlxQuantLinear").implemented
+
+
+GGUF_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q6_K"]
+
+
+def gguf_blocks(name: str, k: int, seed: int) -> np.ndarray:
+    """GGML rows of type ``name``: qlinear's ggml-exact encoder on Gaussian weights, or (IQ4, no encoder) random
+    bytes with a finite float16 ``d``."""
+    from qlinear.layouts import gguf as G
+
+    rng = np.random.default_rng(seed)
+    t = G.ggml_type(name)
+    info = G.TYPES[t]
+    if info.encode is not None:
+        return np.asarray(G.quantize(rng.standard_normal((N, k)).astype(np.float32) * 0.05, t))
+    raw = rng.integers(0, 256, (N, k // info.block_size * info.type_size), dtype=np.uint8)
+    raw.reshape(-1, info.type_size)[:, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    return raw
+
+
+@pytest.mark.parametrize("name", GGUF_TYPES)
+def test_gguf_holder_gives_mlx_the_values_gguf_py_decodes(name: str) -> None:
+    """The MLX module's weight (``mx.dequantize``; per half-group for the 16-value K-quants) equals gguf-py's
+    dequantization value for value (a zero may be +0 where ggml gives -0), and its float32 output the float64
+    product of gguf-py's weight."""
+    mx = need_mlx()
+    gp = pytest.importorskip("gguf", reason="pip install --no-deps -r requirements/nodeps-gguf.txt")
+    from qlinear.layouts import gguf as G
+
+    k = 512
+    raw = gguf_blocks(name, k, seed=len(name))
+    s = Scheme(bits=G.TYPES[G.ggml_type(name)].bits, group_size=-1, in_features=k, out_features=N, method="gguf",
+               format="gguf", qtype=name)
+    layer = h.GGUFMlxQuantLinear(s, bias=True)
+    layer.load_blocks(torch.from_numpy(raw), bias=torch.randn(N, generator=torch.Generator().manual_seed(6)))
+    module = layer.to_mlx()
+    want = gp.quants.dequantize(raw, gp.GGMLQuantizationType(G.ggml_type(name).value)).astype(np.float32)
+    if name in ("Q2_K", "Q3_K", "Q6_K"):
+        assert type(module).__name__ == "Group16Linear"
+        halves = [np.array(mx.dequantize(module.weight, sc, b, group_size=32, bits=module.bits))
+                  for sc, b in ((module.scales_even, module.biases_even), (module.scales_odd, module.biases_odd))]
+        w = np.where((np.arange(k) // 16) % 2 == 0, halves[0], halves[1])
+    else:
+        assert type(module).__name__ == "QuantizedLinear"
+        w = np.array(mx.dequantize(module.weight, module.scales, module.biases, group_size=32, bits=module.bits))
+    assert np.array_equal(w, want)
+    x = np.random.default_rng(8).standard_normal((3, k)).astype(np.float32)
+    ref = x.astype(np.float64) @ want.astype(np.float64).T + layer.bias.double().numpy()
+    got = np.array(module(mx.array(x))).astype(np.float64)
+    assert float(np.abs(got - ref).max() / np.abs(ref).max()) < 1e-5
+
+
+def test_gguf_holder_refuses_types_and_rows_mlx_cannot_take() -> None:
+    need_mlx()
+    from qlinear.layouts import gguf as G
+
+    s = Scheme(bits=1, group_size=-1, in_features=256, out_features=N, method="gguf", format="gguf", qtype="Q1_0")
+    reasons = h.GGUFMlxQuantLinear.runtime_reasons(Problem(s), Target.fake_cpu())
+    assert any("qtype Q1_0 not run" in r for r in reasons), reasons
+    s = Scheme(bits=4, group_size=-1, in_features=80, out_features=N, method="gguf", format="gguf", qtype="Q4_0")
+    layer = h.GGUFMlxQuantLinear(s)
+    layer.load_blocks(torch.from_numpy(np.zeros((N, 3 * G.TYPES[G.GGMLType.Q4_0].type_size), np.uint8)))
+    with pytest.raises(MlxConversionError, match="whole 32-value blocks"):
+        layer.to_mlx()

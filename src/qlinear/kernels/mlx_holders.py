@@ -8,6 +8,9 @@ own ``QuantizedLinear``, or for groups of 16 two group-32 products over the even
 MLX cannot hold exactly (act-order, 7-bit codes, a ``-scale * zero`` float16 cannot represent) is refused by
 ``mlx_convert.from_affine``, naming the first group.
 
+``GGUFMlxQuantLinear`` takes the GGML types with an exact ``scale * code + offset`` form per 32 (or 16) values and
+gives them float32 MLX scales and biases: the decoder's own float32 arithmetic.
+
 The Marlin holders stay declared only: a Marlin-format module is re-encoded to GPTQ/AWQ words at load
 (``checkpoint/plan_marlin.py``), and those words reach ``MlxQuantLinear`` / ``AwqMlxQuantLinear``.
 """
@@ -20,9 +23,13 @@ import torch
 
 from ..caps import Caps, Problem
 from ..enums import BACKEND, METHOD
+from ..layouts import gguf
+from ..layouts.gguf.affine16 import AFFINE16_BITS, affine16
+from ..layouts.gguf.affine32 import AFFINE32_BITS, affine32
 from ..target import Target
 from .awq_base import AwqQuantLinear
 from .bitblas import BitblasQuantLinear
+from .gguf_torch import GGUFQuantLinear
 from .gptq_base import GPTQQuantLinear
 from .planned import mlx as declared
 
@@ -46,6 +53,10 @@ class MlxHolder:
         if importlib.util.find_spec("mlx") is None:
             raise ImportError(f"{type(self).__name__}.to_mlx needs the mlx package (pip install mlx; on Linux its CPU "
                               "build: pip install mlx mlx-cpu)")
+        return self.mlx_module()
+
+    def mlx_module(self) -> Any:
+        """The integer-affine weight as mlx's ``QuantizedLinear`` (groups of 16: ``Group16Linear``)."""
         from ..mlx_convert import from_affine
         from ..mlx_module import group16_linear, quantized_linear
 
@@ -112,5 +123,35 @@ class AWQBitBLASMlxQuantLinear(MlxHolder, BitblasQuantLinear):
     method = METHOD.AWQ
 
 
+class GGUFMlxQuantLinear(MlxHolder, GGUFQuantLinear):
+    """Holds GGUF blocks for MLX: the affine types (Q4_0..Q8_0, K-quants, IQ4) as mlx modules with float32 scales."""
+
+    caps = declared.GGUFMlxQuantLinear.caps
+    qtypes = frozenset(gguf.ggml_type(name) for name in (*AFFINE32_BITS, *AFFINE16_BITS))
+
+    def mlx_module(self) -> Any:
+        """Per 32 values (16 for Q2_K, Q3_K, Q6_K) the blocks' exact float32 ``scale * code + offset``
+        (``layouts/gguf/affine32.py``, ``affine16.py``) as MLX scales and biases: ``mx.dequantize`` then computes
+        the decoder's own float32 operations (the same values; a zero may come out +0 where ggml gives -0). Float16
+        scales would not do: MLX rounds ``scale * code`` to the scales' dtype, which ggml does not. So the module
+        computes in float32 (float16 inputs give float32 outputs)."""
+        from ..layouts.mlx import MlxWeight
+        from ..mlx_convert import MlxConversionError
+        from ..mlx_module import Group16Linear, quantized_linear
+
+        name, k, block = self.qtype.name, self.in_features, self.type_info.block_size
+        if k % block:
+            raise MlxConversionError(f"in_features: {name} rows of whole {block}-value blocks convert to MLX; got "
+                                     f"{k} (a padded last block has no MLX form)")
+        blocks = self.blocks().cpu()
+        bias = self.bias
+        codes, scales, offsets = (affine32 if name in AFFINE32_BITS else affine16)(blocks, name, k)
+        if name in AFFINE32_BITS:
+            return quantized_linear(MlxWeight(codes, scales, offsets, AFFINE32_BITS[name], 32), bias)
+        bits = AFFINE16_BITS[name]
+        even, odd = (MlxWeight(codes, scales[:, h::2], offsets[:, h::2], bits, 32) for h in (0, 1))
+        return Group16Linear(even, odd, bias)
+
+
 KERNELS = (MlxQuantLinear, AwqMlxQuantLinear, AwqGemvMlxQuantLinear, AwqGemvFastMlxQuantLinear, LLMAwqMlxQuantLinear,
-           GPTQBitBLASMlxQuantLinear, AWQBitBLASMlxQuantLinear)
+           GPTQBitBLASMlxQuantLinear, AWQBitBLASMlxQuantLinear, GGUFMlxQuantLinear)
