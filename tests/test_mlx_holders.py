@@ -200,3 +200,37 @@ def test_gguf_holder_refuses_types_and_rows_mlx_cannot_take() -> None:
     layer.load_blocks(torch.from_numpy(np.zeros((N, 3 * G.TYPES[G.GGMLType.Q4_0].type_size), np.uint8)))
     with pytest.raises(MlxConversionError, match="whole 32-value blocks"):
         layer.to_mlx()
+
+
+def test_paroquant_holder_rotates_as_the_torch_kernel_and_multiplies_in_mlx() -> None:
+    """The MLX module's input rotation is bit-identical to ``ParoLinear``'s (each activation dtype); its float32
+    output is the float64 product of that rotated input within 1e-5, and its float16 output ``ParoLinear``'s
+    forward within float16 rounding."""
+    mx = need_mlx()
+    from qlinear.kernels.paroquant import ParoLinear
+    from tests.test_paroquant import random_rotation, scheme
+
+    k, n, gs, krot = 128, N, 64, 4
+    g = torch.Generator().manual_seed(11)
+    q = AffineWeight(codes=torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g),
+                     scales=torch.randint(1, 8, (n, k // gs), generator=g).float() * 2.0 ** -9,
+                     zeros=torch.randint(0, 16, (n, k // gs), dtype=torch.int32, generator=g),
+                     g_idx=torch.arange(k, dtype=torch.int32) // gs, bits=4, group_size=gs, sym=True)
+    torch_layer = ParoLinear(scheme(k, n, gs, krot), bias=True)
+    torch_layer.load_affine(q, (torch.randn(n, generator=g) * 0.1).half())
+    torch_layer.load_rotation(**random_rotation(k, gs, krot, g))
+    holder_layer = h.ParoMlxQuantLinear(scheme(k, n, gs, krot), bias=True)
+    holder_layer.load_state_dict(torch_layer.state_dict())
+    module = holder_layer.to_mlx()
+    torch_layer.ensure_prepared()
+    x = torch.randn(3, k, generator=g)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        xd = x.to(dtype)
+        got = module.rotate(mx.array(xd.float().numpy()).astype(getattr(mx, str(dtype)[6:])))
+        want = torch_layer.rotate_input(xd)
+        assert torch.equal(torch.from_numpy(np.array(got.astype(mx.float32))), want.float()), dtype
+    want = torch_layer.rotate_input(x).double() @ truth(q).t() + torch_layer.bias.double()  # float32 rotation
+    assert float((mlx_out(module, x) - want).abs().max() / want.abs().max()) < 1e-5
+    x16 = x.half()  # float16 end to end against the Torch kernel's own forward
+    want16 = torch_layer(x16).double()
+    assert float((mlx_out(module, x16) - want16).abs().max() / want16.abs().max()) < 5e-3

@@ -75,3 +75,38 @@ def group16_linear(q: AffineWeight, bias: torch.Tensor | None) -> Group16Linear:
     g_idx = torch.arange(q.in_features, dtype=torch.int32) // 32
     halves = [AffineWeight(q.codes, q.scales[:, h::2], q.zeros[:, h::2], g_idx, q.bits, 32, q.sym) for h in (0, 1)]
     return Group16Linear(from_affine(halves[0]), from_affine(halves[1]), bias)
+
+
+#: activation dtypes a rotated module carries its cos/sin for (formed per dtype, as the reference forms them)
+ROTATION_DTYPES = {torch.float16: mx.float16, torch.bfloat16: mx.bfloat16, torch.float32: mx.float32}
+
+
+class RotatedLinear(nn.Module):
+    """ParoQuant: the input transform (channel scales, then ``krot`` rounds of pair rotations through gather maps,
+    each operation in the input's dtype, as ``layouts/paroquant.rotate``), then the quantized product."""
+
+    def __init__(self, maps: list[torch.Tensor], cos_sin: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]],
+                 channel_scales: torch.Tensor, linear: nn.Module) -> None:
+        super().__init__()
+        self.maps = [to_mx(m.to(torch.int32)) for m in maps]
+        self.cos = {str(ROTATION_DTYPES[d]): to_mx(c) for d, (c, _) in cos_sin.items()}
+        self.sin = {str(ROTATION_DTYPES[d]): to_mx(s) for d, (_, s) in cos_sin.items()}
+        self.channel_scales = to_mx(channel_scales.reshape(-1))
+        self.linear = linear
+        self.freeze()
+
+    def rotate(self, x: mx.array) -> mx.array:
+        if not self.maps:
+            return x
+        k = x.shape[-1]
+        half = k // 2
+        cos, sin = self.cos[str(x.dtype)], self.sin[str(x.dtype)]
+        out = x.reshape(-1, k) * self.channel_scales.astype(x.dtype)
+        for r, m in enumerate(self.maps[:-1]):
+            z = mx.take(out, m, axis=1)
+            xi, xj = z[:, :half], z[:, half:]
+            out = mx.concatenate([xi * cos[r] + xj * sin[r], -xi * sin[r] + xj * cos[r]], axis=1)
+        return mx.take(out, self.maps[-1], axis=1).reshape(x.shape)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.linear(self.rotate(x))

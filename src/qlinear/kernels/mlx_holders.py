@@ -31,6 +31,7 @@ from .awq_base import AwqQuantLinear
 from .bitblas import BitblasQuantLinear
 from .gguf_torch import GGUFQuantLinear
 from .gptq_base import GPTQQuantLinear
+from .paro_base import ParoQuantBase
 from .planned import mlx as declared
 
 
@@ -153,5 +154,24 @@ class GGUFMlxQuantLinear(MlxHolder, GGUFQuantLinear):
         return Group16Linear(even, odd, bias)
 
 
+class ParoMlxQuantLinear(MlxHolder, ParoQuantBase):
+    """Holds ParoQuant tensors for MLX: to_mlx() gives the input rotation then mlx's QuantizedLinear, exactly."""
+
+    caps = declared.ParoMlxQuantLinear.caps
+
+    def mlx_module(self) -> Any:
+        """``RotatedLinear``: this layer's rotation (maps, cos/sin formed per activation dtype as the Torch kernel
+        forms them) around the AWQ product's MLX module."""
+        from ..layouts import paroquant
+        from ..mlx_module import ROTATION_DTYPES, RotatedLinear
+
+        inner = MlxHolder.mlx_module(self)
+        self.ensure_prepared()
+        plan = self._rotation
+        maps = [] if plan.identity else [m.cpu() for m in plan.maps]
+        cos_sin = {d: paroquant.cos_sin(self.theta.cpu(), d) for d in ROTATION_DTYPES}
+        return RotatedLinear(maps, cos_sin, self.channel_scales.cpu(), inner)
+
+
 KERNELS = (MlxQuantLinear, AwqMlxQuantLinear, AwqGemvMlxQuantLinear, AwqGemvFastMlxQuantLinear, LLMAwqMlxQuantLinear,
-           GPTQBitBLASMlxQuantLinear, AWQBitBLASMlxQuantLinear, GGUFMlxQuantLinear)
+           GPTQBitBLASMlxQuantLinear, AWQBitBLASMlxQuantLinear, GGUFMlxQuantLinear, ParoMlxQuantLinear)
