@@ -132,10 +132,32 @@ def test_weights_mlx_cannot_hold_are_refused_naming_why() -> None:
         inexact.to_mlx()
 
 
-def test_holders_are_registered_and_the_marlin_holders_stay_declared() -> None:
-    for cls, *_ in HOLDERS:
+@pytest.mark.parametrize(("torch_kernel", "cls", "method", "sym"),
+                         [("TorchLinear", h.GPTQMarlinMlxQuantLinear, "gptq", True),
+                          ("AwqTorchLinear", h.AWQMarlinMlxQuantLinear, "awq", False)])
+def test_marlin_holders_take_a_marlin_configs_gptq_or_awq_tensors(torch_kernel: str, cls: type, method: str,
+                                                                  sym: bool) -> None:
+    """A ``format: marlin`` config's module holds GPTQ v1 (AWQ: GEMM) tensors, as GPTQModel's Marlin holders read
+    them: the state dict of the matching Torch kernel loads and converts to the same MLX output."""
+    need_mlx()
+    q = weight(4, 128, sym, seed=12)
+    fmt = "gptq" if method == "gptq" else "gemm"
+    src = kernel_by_name(torch_kernel)(Scheme(bits=4, group_size=128, in_features=K, out_features=N, sym=sym,
+                                              method=method, format=fmt), bias=True)
+    src.load_affine(q, bias=torch.randn(N, generator=torch.Generator().manual_seed(13)) * 0.1)
+    layer = cls(Scheme(bits=4, group_size=128, in_features=K, out_features=N, sym=sym, method=method,
+                       format="marlin"), bias=True)
+    layer.load_state_dict(src.state_dict())
+    x = torch.randn(2, K, generator=torch.Generator().manual_seed(14))
+    want = src(x).double()
+    assert float((mlx_out(layer.to_mlx(), x) - want).abs().max() / want.abs().max()) < 1e-5
+
+
+def test_holders_are_registered_and_three_stay_declared() -> None:
+    for cls in h.KERNELS:
         assert kernel_by_name(cls.__name__) is cls and cls.implemented
-    assert not kernel_by_name("GPTQMarlinMlxQuantLinear").implemented
+    for name in ("BitsAndBytesMlxQuantLinear", "FP8MlxQuantLinear", "QQQMlxQuantLinear"):
+        assert not kernel_by_name(name).implemented
 
 
 GGUF_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q6_K"]

@@ -11,21 +11,24 @@ MLX cannot hold exactly (act-order, 7-bit codes, a ``-scale * zero`` float16 can
 ``GGUFMlxQuantLinear`` takes the GGML types with an exact ``scale * code + offset`` form per 32 (or 16) values and
 gives them float32 MLX scales and biases: the decoder's own float32 arithmetic.
 
-The Marlin holders stay declared only: a Marlin-format module is re-encoded to GPTQ/AWQ words at load
-(``checkpoint/plan_marlin.py``), and those words reach ``MlxQuantLinear`` / ``AwqMlxQuantLinear``.
+The Marlin holders take a ``format: marlin`` config's modules as GPTQModel's holders read them (GPTQ v1 or AWQ GEMM
+tensors, ``checkpoint/plan_marlin.py``); ``ParoMlxQuantLinear`` puts the ParoQuant input rotation, written in mlx
+ops, in front of the AWQ product.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
 
 from ..caps import Caps, Problem
-from ..enums import BACKEND, METHOD
+from ..enums import BACKEND, FORMAT, METHOD
 from ..layouts import gguf
 from ..layouts.gguf.affine16 import AFFINE16_BITS, affine16
 from ..layouts.gguf.affine32 import AFFINE32_BITS, affine32
+from ..spec import Scheme
 from ..target import Target
 from .awq_base import AwqQuantLinear
 from .bitblas import BitblasQuantLinear
@@ -124,6 +127,32 @@ class AWQBitBLASMlxQuantLinear(MlxHolder, BitblasQuantLinear):
     method = METHOD.AWQ
 
 
+class _MarlinLayout:
+    """A ``format: marlin`` config's modules as GPTQModel's Marlin holders read them: GPTQ v1 (AWQ: GEMM) tensors,
+    held under that layout's scheme (``checkpoint/plan_marlin.py``)."""
+
+    layout_format: ClassVar[FORMAT]
+
+    def __init__(self, scheme: Scheme, bias: bool = False, dtype: torch.dtype = torch.float16) -> None:
+        if scheme.format is FORMAT.MARLIN:
+            scheme = replace(scheme, format=self.layout_format)
+        super().__init__(scheme, bias=bias, dtype=dtype)  # type: ignore[call-arg]
+
+
+class GPTQMarlinMlxQuantLinear(MlxHolder, _MarlinLayout, GPTQQuantLinear):
+    """Holds a GPTQ Marlin-config module (GPTQ v1 tensors) for MLX: to_mlx() gives mlx's QuantizedLinear, exactly."""
+
+    caps = declared.GPTQMarlinMlxQuantLinear.caps
+    layout_format = FORMAT.GPTQ
+
+
+class AWQMarlinMlxQuantLinear(MlxHolder, _MarlinLayout, AwqQuantLinear):
+    """Holds an AWQ Marlin-config module (GEMM tensors) for MLX: to_mlx() gives mlx's QuantizedLinear, exactly."""
+
+    caps = declared.AWQMarlinMlxQuantLinear.caps
+    layout_format = FORMAT.GEMM
+
+
 class GGUFMlxQuantLinear(MlxHolder, GGUFQuantLinear):
     """Holds GGUF blocks for MLX: the affine types (Q4_0..Q8_0, K-quants, IQ4) as mlx modules with float32 scales."""
 
@@ -174,4 +203,5 @@ class ParoMlxQuantLinear(MlxHolder, ParoQuantBase):
 
 
 KERNELS = (MlxQuantLinear, AwqMlxQuantLinear, AwqGemvMlxQuantLinear, AwqGemvFastMlxQuantLinear, LLMAwqMlxQuantLinear,
-           GPTQBitBLASMlxQuantLinear, AWQBitBLASMlxQuantLinear, GGUFMlxQuantLinear, ParoMlxQuantLinear)
+           GPTQBitBLASMlxQuantLinear, AWQBitBLASMlxQuantLinear, GPTQMarlinMlxQuantLinear, AWQMarlinMlxQuantLinear,
+           GGUFMlxQuantLinear, ParoMlxQuantLinear)
