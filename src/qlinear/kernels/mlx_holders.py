@@ -36,6 +36,7 @@ from .gguf_torch import GGUFQuantLinear
 from .gptq_base import GPTQQuantLinear
 from .paro_base import ParoQuantBase
 from .planned import mlx as declared
+from .planned.awq import gemv_zeros_width_reasons
 
 
 class MlxHolder:
@@ -71,6 +72,14 @@ class MlxHolder:
         return quantized_linear(from_affine(q), bias)
 
 
+class _GemvZeros:
+    """The GEMV-family AWQ layouts' rule on zero-point widths (their declarations' runtime check)."""
+
+    @classmethod
+    def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
+        return gemv_zeros_width_reasons(problem)
+
+
 class MlxQuantLinear(MlxHolder, GPTQQuantLinear):
     """Holds GPTQ / GPTQ_V2 / GPTQ_P tensors for MLX: to_mlx() gives mlx's QuantizedLinear, exactly."""
 
@@ -83,34 +92,22 @@ class AwqMlxQuantLinear(MlxHolder, AwqQuantLinear):
     caps = declared.AwqMlxQuantLinear.caps
 
 
-class AwqGemvMlxQuantLinear(MlxHolder, AwqQuantLinear):
+class AwqGemvMlxQuantLinear(MlxHolder, _GemvZeros, AwqQuantLinear):
     """Holds AWQ GEMV tensors for MLX: to_mlx() gives mlx's QuantizedLinear, exactly (no Torch forward)."""
 
     caps = declared.AwqGemvMlxQuantLinear.caps
 
-    @classmethod
-    def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
-        return declared.AwqGemvMlxQuantLinear.runtime_reasons(problem, target)
 
-
-class AwqGemvFastMlxQuantLinear(MlxHolder, AwqQuantLinear):
+class AwqGemvFastMlxQuantLinear(MlxHolder, _GemvZeros, AwqQuantLinear):
     """Holds AWQ GEMV_FAST tensors for MLX: to_mlx() gives mlx's QuantizedLinear (groups of 16: two products)."""
 
     caps = declared.AwqGemvFastMlxQuantLinear.caps
 
-    @classmethod
-    def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
-        return declared.AwqGemvFastMlxQuantLinear.runtime_reasons(problem, target)
 
-
-class LLMAwqMlxQuantLinear(MlxHolder, AwqQuantLinear):
+class LLMAwqMlxQuantLinear(MlxHolder, _GemvZeros, AwqQuantLinear):
     """Holds LLM-AWQ tensors for MLX: to_mlx() gives mlx's QuantizedLinear (groups of 16: two products), exactly."""
 
     caps = declared.LLMAwqMlxQuantLinear.caps
-
-    @classmethod
-    def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
-        return declared.LLMAwqMlxQuantLinear.runtime_reasons(problem, target)
 
 
 class GPTQBitBLASMlxQuantLinear(MlxHolder, BitblasQuantLinear):
