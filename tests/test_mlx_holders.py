@@ -153,10 +153,10 @@ def test_marlin_holders_take_a_marlin_configs_gptq_or_awq_tensors(torch_kernel: 
     assert float((mlx_out(layer.to_mlx(), x) - want).abs().max() / want.abs().max()) < 1e-5
 
 
-def test_holders_are_registered_and_three_stay_declared() -> None:
+def test_holders_are_registered_and_two_stay_declared() -> None:
     for cls in h.KERNELS:
         assert kernel_by_name(cls.__name__) is cls and cls.implemented
-    for name in ("BitsAndBytesMlxQuantLinear", "FP8MlxQuantLinear", "QQQMlxQuantLinear"):
+    for name in ("BitsAndBytesMlxQuantLinear", "FP8MlxQuantLinear"):
         assert not kernel_by_name(name).implemented
 
 
@@ -256,3 +256,25 @@ def test_paroquant_holder_rotates_as_the_torch_kernel_and_multiplies_in_mlx() ->
     x16 = x.half()  # float16 end to end against the Torch kernel's own forward
     want16 = torch_layer(x16).double()
     assert float((mlx_out(module, x16) - want16).abs().max() / want16.abs().max()) < 5e-3
+
+
+@pytest.mark.parametrize("group", [128, -1])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_qqq_holder_computes_what_qqq_torch_linear_computes(group: int, dtype: torch.dtype) -> None:
+    """Int8 activations, the int8 weight and exact integer sums in mlx give ``QQQTorchLinear``'s outputs bit for bit
+    (K = 1024: two 512-deep chunks, so the int32 sum of the chunks is exercised)."""
+    mx = need_mlx()
+    from tests.test_qqq_kernels import layer_for, random_weight
+
+    k, n = 1024, 128  # QQQ tiles: N a multiple of 64
+    qw = random_weight(n, k, group if group > 0 else k, seed=21)
+    bias = (torch.randn(n, generator=torch.Generator().manual_seed(22)) * 0.1).half()
+    torch_layer = layer_for(qw, dtype, bias)
+    layer = h.QQQMlxQuantLinear(torch_layer.scheme, bias=True)
+    layer.load_state_dict(torch_layer.state_dict())
+    module = layer.to_mlx()
+    x = (torch.randn(4, k, generator=torch.Generator().manual_seed(23)) * 3).to(dtype)
+    x[1] = 0  # an all-zero row: scale 0, codes 0
+    want = torch_layer(x)
+    got = module(mx.array(x.float().numpy()).astype(getattr(mx, str(dtype)[6:])))
+    assert torch.equal(torch.from_numpy(np.array(got.astype(mx.float32))).to(dtype), want)

@@ -110,3 +110,39 @@ class RotatedLinear(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.linear(self.rotate(x))
+
+
+class Int8ActLinear(nn.Module):
+    """QQQ (W4A8) as ``QQQTorchLinear`` computes it: each input row quantized to int8 (``s1 = max|x| / 127`` in x's
+    dtype, ``clip(round(x / s1))`` half to even), the int8 weight as an 8-bit MLX weight (code ``w + 128``, scale 1,
+    bias -128: exact), the integer sums exact (K chunks of ``CHUNK``, each below 2^24 in float32, added in int32),
+    then ``(acc * s1 * s_channel)`` rounded to x's dtype, plus the bias in that dtype."""
+
+    CHUNK = 512
+
+    def __init__(self, w8: torch.Tensor, channel_scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        n, k = w8.shape
+        self.weight = to_mx(layout.pack((w8.to(torch.int16) + 128).to(torch.uint8), 8))
+        self.scales = to_mx(torch.ones(n, k // 32))
+        self.biases = to_mx(torch.full((n, k // 32), -128.0))
+        self.channel_scales = to_mx(channel_scales.float())
+        if bias is not None:
+            self.bias = to_mx(bias)
+        self.freeze()
+
+    def __call__(self, x: mx.array) -> mx.array:
+        k = x.shape[-1]
+        x2 = x.reshape(-1, k)
+        s1 = (mx.abs(x2).max(axis=-1, keepdims=True) / 127.0).astype(mx.float32)
+        xq = mx.clip(mx.round(x2 / mx.where(s1 == 0, 1.0, s1)), -128, 127)
+        total = None
+        for c in range(0, k, self.CHUNK):
+            e = min(k, c + self.CHUNK)
+            part = mx.quantized_matmul(xq[:, c:e], self.weight[:, c // 4:e // 4], self.scales[:, c // 32:e // 32],
+                                       self.biases[:, c // 32:e // 32], transpose=True, group_size=32, bits=8)
+            total = part.astype(mx.int32) if total is None else total + part.astype(mx.int32)
+        y = (total.astype(mx.float32) * s1 * self.channel_scales).astype(x.dtype)
+        if "bias" in self:
+            y = y + self.bias.astype(x.dtype)
+        return y.reshape(*x.shape[:-1], -1)

@@ -13,7 +13,8 @@ gives them float32 MLX scales and biases: the decoder's own float32 arithmetic.
 
 The Marlin holders take a ``format: marlin`` config's modules as GPTQModel's holders read them (GPTQ v1 or AWQ GEMM
 tensors, ``checkpoint/plan_marlin.py``); ``ParoMlxQuantLinear`` puts the ParoQuant input rotation, written in mlx
-ops, in front of the AWQ product.
+ops, in front of the AWQ product; ``QQQMlxQuantLinear`` quantizes activations to int8 and sums exactly, as
+``QQQTorchLinear`` does. bitsandbytes and FP8 stay declared only (no exact MLX form of their codes and scales).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from .gptq_base import GPTQQuantLinear
 from .paro_base import ParoQuantBase
 from .planned import mlx as declared
 from .planned.awq import gemv_zeros_width_reasons
+from .qqq import QQQQuantLinear, int8_cols
 
 
 class MlxHolder:
@@ -199,6 +201,21 @@ class ParoMlxQuantLinear(MlxHolder, ParoQuantBase):
         return RotatedLinear(maps, cos_sin, self.channel_scales.cpu(), inner)
 
 
+class QQQMlxQuantLinear(MlxHolder, QQQQuantLinear):
+    """Holds QQQ tensors for MLX: to_mlx() gives int8 activations times the int8 weight, as QQQTorchLinear computes."""
+
+    caps = declared.QQQMlxQuantLinear.caps
+
+    def mlx_module(self) -> Any:
+        """``Int8ActLinear`` over the int8 weight the Torch kernel multiplies (``qqq.int8_cols``)."""
+        from ..mlx_module import Int8ActLinear
+
+        self.ensure_prepared()
+        k, gs = self.in_features, self.scheme.group_size
+        w8 = int8_cols(self._rt_words.cpu(), None if self._rt_sg is None else self._rt_sg.cpu(), k, gs).t()
+        return Int8ActLinear(w8.contiguous(), self._rt_sc.cpu(), self.bias)
+
+
 KERNELS = (MlxQuantLinear, AwqMlxQuantLinear, AwqGemvMlxQuantLinear, AwqGemvFastMlxQuantLinear, LLMAwqMlxQuantLinear,
            GPTQBitBLASMlxQuantLinear, AWQBitBLASMlxQuantLinear, GPTQMarlinMlxQuantLinear, AWQMarlinMlxQuantLinear,
-           GGUFMlxQuantLinear, ParoMlxQuantLinear)
+           GGUFMlxQuantLinear, ParoMlxQuantLinear, QQQMlxQuantLinear)
