@@ -153,11 +153,14 @@ def test_marlin_holders_take_a_marlin_configs_gptq_or_awq_tensors(torch_kernel: 
     assert float((mlx_out(layer.to_mlx(), x) - want).abs().max() / want.abs().max()) < 1e-5
 
 
-def test_holders_are_registered_and_two_stay_declared() -> None:
+def test_every_mlx_holder_of_the_reference_is_implemented() -> None:
+    from qlinear.kernels.planned import mlx as declared
+
+    names = {c.__name__ for c in vars(declared).values()
+             if isinstance(c, type) and c.__name__.endswith("MlxQuantLinear")}
+    assert len(names) == 14 and names == {cls.__name__ for cls in h.KERNELS}
     for cls in h.KERNELS:
         assert kernel_by_name(cls.__name__) is cls and cls.implemented
-    for name in ("BitsAndBytesMlxQuantLinear", "FP8MlxQuantLinear"):
-        assert not kernel_by_name(name).implemented
 
 
 GGUF_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q6_K"]
@@ -278,3 +281,55 @@ def test_qqq_holder_computes_what_qqq_torch_linear_computes(group: int, dtype: t
     want = torch_layer(x)
     got = module(mx.array(x.float().numpy()).astype(getattr(mx, str(dtype)[6:])))
     assert torch.equal(torch.from_numpy(np.array(got.astype(mx.float32))).to(dtype), want)
+
+
+def _torch_then_holder(torch_layer: torch.nn.Module, cls: type) -> torch.nn.Module:
+    layer = cls(torch_layer.scheme, bias=torch_layer.bias is not None)
+    layer.load_state_dict(torch_layer.state_dict())
+    return layer
+
+
+@pytest.mark.parametrize(("quant_type", "nested", "blocksize"), [("nf4", False, 64), ("fp4", False, 64),
+                                                                  ("nf4", True, 128), ("int8", False, 0)])
+def test_bitsandbytes_holder_decodes_as_bitsandbytes(quant_type: str, nested: bool, blocksize: int) -> None:
+    """The MLX module's float32 weight equals ``BitsAndBytesTorchLinear``'s (bitsandbytes' own dequantization,
+    checked against bitsandbytes elsewhere) bit for bit; its output matches that layer's within bfloat16 rounding."""
+    mx = need_mlx()
+    from qlinear.bnb_build import create_bnb_layer
+    from qlinear.bnb_weight import BnbInt8Weight
+    from tests.test_bnb_layout import make
+
+    n, k = 48, 200  # 9600 values: the flat 128-blocks end in a partial one
+    if quant_type == "int8":
+        g = torch.Generator().manual_seed(5)
+        w = BnbInt8Weight(torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8),
+                          torch.rand(n, generator=g) * 0.5 + 0.01)
+    else:
+        w = make(n, k, quant_type, blocksize, nested, seed=4)
+    torch_layer = create_bnb_layer(w, backend="bitsandbytes_torch", bias=torch.randn(n).bfloat16())
+    module = _torch_then_holder(torch_layer, h.BitsAndBytesMlxQuantLinear).to_mlx()
+    got = torch.from_numpy(np.array(module.weight_values()))
+    assert torch.equal(got, torch_layer.dequantize(torch.float32))
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(6)).bfloat16()
+    want = torch_layer(x).float()
+    out = torch.from_numpy(np.array(module(mx.array(x.float().numpy()).astype(mx.bfloat16)).astype(mx.float32)))
+    assert float((out - want).abs().max() / want.abs().max()) < 1e-2
+
+
+@pytest.mark.parametrize("block", [(1, 64), (128, 128), None])
+def test_fp8_holder_decodes_as_the_torch_kernel(block: tuple[int, int] | None) -> None:
+    """The MLX module's float32 weight equals ``TorchFP8Linear``'s dequantization bit for bit (per-block scales
+    that divide, as GPTQModel's fp8 stores them); its output matches that layer's within bfloat16 rounding."""
+    mx = need_mlx()
+    from qlinear.build import create_float_layer
+    from qlinear.float_quant import quantize_fp8
+
+    weight = torch.randn(N, K, generator=torch.Generator().manual_seed(30)) * 0.05
+    fw = quantize_fp8(weight, block=block, rule="divide")  # GPTQModel's fp8 stores scales that divide
+    torch_layer = create_float_layer(fw, format="fp8", backend="fp8_torch", bias=torch.randn(N).bfloat16())
+    module = _torch_then_holder(torch_layer, h.FP8MlxQuantLinear).to_mlx()
+    assert torch.equal(torch.from_numpy(np.array(module.weight_values())), torch_layer.dequantize(torch.float32))
+    x = torch.randn(2, K, generator=torch.Generator().manual_seed(31)).bfloat16()
+    want = torch_layer(x).float()
+    out = torch.from_numpy(np.array(module(mx.array(x.float().numpy()).astype(mx.bfloat16)).astype(mx.float32)))
+    assert float((out - want).abs().max() / want.abs().max()) < 1e-2

@@ -146,3 +146,72 @@ class Int8ActLinear(nn.Module):
         if "bias" in self:
             y = y + self.bias.astype(x.dtype)
         return y.reshape(*x.shape[:-1], -1)
+
+
+def _nibbles(codes: torch.Tensor) -> mx.array:
+    """4-bit codes ``[N, K]`` (K even) as bytes ``[N, K / 2]``, low nibble first (``_unpack`` undoes it)."""
+    c = codes.to(torch.uint8)
+    return to_mx(c[:, 0::2] | (c[:, 1::2] << 4))
+
+
+def _unpack(packed: mx.array) -> mx.array:
+    n = packed.shape[0]
+    return mx.stack([packed & 15, packed >> 4], axis=-1).reshape(n, -1)
+
+
+class TableLinear(nn.Module):
+    """Codes looked up in a value table and scaled in float32, the weight rounded once to the input's dtype and
+    multiplied in: bitsandbytes NF4/FP4 (blocks of ``blocksize`` over the flattened weight, ``value * absmax``)
+    and the float formats (FP8 / FP4 codes, ``[bn, bk]`` blocks, ``value * factor`` or ``value / factor``). MLX has
+    no mode for these tables, so the weight is decoded inside each call (a transient array, as qlinear's Torch
+    kernels decode tiles) rather than kept."""
+
+    def __init__(self, codes: torch.Tensor, table: torch.Tensor, factors: torch.Tensor, block: tuple[int, int] | int,
+                 divide: bool, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.bits = 4 if int(codes.max()) < 16 and table.numel() == 16 else 8
+        self.weight = _nibbles(codes) if self.bits == 4 else to_mx(codes.to(torch.uint8))
+        self.table = to_mx(table.float())
+        self.factors = to_mx(factors.float())
+        self.block, self.divide, self.shape = block, divide, tuple(codes.shape)
+        if bias is not None:
+            self.bias = to_mx(bias)
+        self.freeze()
+
+    def weight_values(self) -> mx.array:
+        """The float32 weight ``[N, K]``, as the producer dequantizes it."""
+        codes = _unpack(self.weight) if self.bits == 4 else self.weight
+        v = mx.take(self.table, codes.astype(mx.int32))
+        n, k = self.shape
+        if isinstance(self.block, int):  # flat blocks (bitsandbytes), the last one possibly partial
+            bs = self.block
+            flat = mx.pad(v.reshape(-1), (0, -(-n * k // bs) * bs - n * k))
+            return (flat.reshape(-1, bs) * self.factors[:, None]).reshape(-1)[:n * k].reshape(n, k)
+        bn, bk = self.block
+        f = mx.repeat(mx.repeat(self.factors, bn, axis=0), bk, axis=1)[:n, :k]
+        return v / f if self.divide else v * f
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = x @ self.weight_values().astype(x.dtype).T
+        return y + self.bias.astype(x.dtype) if "bias" in self else y
+
+
+class Int8RowLinear(nn.Module):
+    """bitsandbytes LLM.int8 weights: ``(q * SCB) * float32(1/127)`` in float32 per call (bitsandbytes' order of
+    the two rounded products), cast to the input's dtype and multiplied in."""
+
+    def __init__(self, codes: torch.Tensor, scb: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.weight = to_mx(codes.to(torch.int8))
+        self.scb = to_mx(scb.float())
+        self.inv127 = mx.array(np.float32(1.0) / np.float32(127.0))
+        if bias is not None:
+            self.bias = to_mx(bias)
+        self.freeze()
+
+    def weight_values(self) -> mx.array:
+        return self.weight.astype(mx.float32) * self.scb[:, None] * self.inv127
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = x @ self.weight_values().astype(x.dtype).T
+        return y + self.bias.astype(x.dtype) if "bias" in self else y

@@ -1,4 +1,4 @@
-"""The MLX checkpoint holders of the integer-affine formats: a checkpoint held in Torch until it moves to MLX.
+"""The MLX checkpoint holders of the reference: a checkpoint held in Torch until it moves to MLX.
 
 GPTQModel's ``*MlxQuantLinear`` classes hold one method's tensors (AUTO priority 0, MPS) and raise in forward;
 converting the model gives MLX modules. Each holder here keeps its format's buffers (the bases the exact Torch
@@ -14,7 +14,8 @@ gives them float32 MLX scales and biases: the decoder's own float32 arithmetic.
 The Marlin holders take a ``format: marlin`` config's modules as GPTQModel's holders read them (GPTQ v1 or AWQ GEMM
 tensors, ``checkpoint/plan_marlin.py``); ``ParoMlxQuantLinear`` puts the ParoQuant input rotation, written in mlx
 ops, in front of the AWQ product; ``QQQMlxQuantLinear`` quantizes activations to int8 and sums exactly, as
-``QQQTorchLinear`` does. bitsandbytes and FP8 stay declared only (no exact MLX form of their codes and scales).
+``QQQTorchLinear`` does. bitsandbytes and FP8 have no exact MLX quantized form: their modules decode the codes
+inside each call as the producers dequantize (a transient array) and multiply.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..blockfloat import ScaleRule
 from ..caps import Caps, Problem
 from ..enums import BACKEND, FORMAT, METHOD
 from ..layouts import gguf
@@ -33,6 +35,8 @@ from ..spec import Scheme
 from ..target import Target
 from .awq_base import AwqQuantLinear
 from .bitblas import BitblasQuantLinear
+from .bnb_base import BnbQuantLinear
+from .float_base import FloatQuantLinear
 from .gguf_torch import GGUFQuantLinear
 from .gptq_base import GPTQQuantLinear
 from .paro_base import ParoQuantBase
@@ -216,6 +220,40 @@ class QQQMlxQuantLinear(MlxHolder, QQQQuantLinear):
         return Int8ActLinear(w8.contiguous(), self._rt_sc.cpu(), self.bias)
 
 
+class BitsAndBytesMlxQuantLinear(MlxHolder, BnbQuantLinear):
+    """Holds bitsandbytes tensors for MLX: to_mlx() decodes NF4/FP4 (or LLM.int8) per call as bitsandbytes does."""
+
+    caps = declared.BitsAndBytesMlxQuantLinear.caps
+
+    def mlx_module(self) -> Any:
+        """``TableLinear`` (4-bit: the code table times the float32 block absmax) or ``Int8RowLinear``."""
+        from ..bnb_weight import BnbInt8Weight, code_table
+        from ..mlx_module import Int8RowLinear, TableLinear
+
+        w = self.bnb_weight()
+        if isinstance(w, BnbInt8Weight):
+            return Int8RowLinear(w.codes, w.scb, self.bias)
+        return TableLinear(w.codes, code_table(w.quant_type), w.absmax_values(), w.blocksize, False, self.bias)
+
+
+class FP8MlxQuantLinear(MlxHolder, FloatQuantLinear):
+    """Holds FP8 tensors for MLX: to_mlx() decodes the codes per call (value table, block factors) as the producer."""
+
+    caps = declared.FP8MlxQuantLinear.caps
+
+    def mlx_module(self) -> Any:
+        """``TableLinear`` over the float8 value table and the float32 ``[bn, bk]`` block factors."""
+        from ..layouts import float_layouts
+        from ..mlx_module import TableLinear
+
+        self.ensure_prepared()
+        w = self.float_weight()
+        codes = self.codes_rows(0, self.out_features).cpu()
+        divide = self.rule() is ScaleRule.DIVIDE
+        return TableLinear(codes, self._table.cpu(), w.scale_values(), float_layouts.block_of(self.scheme), divide,
+                           self.bias)
+
+
 KERNELS = (MlxQuantLinear, AwqMlxQuantLinear, AwqGemvMlxQuantLinear, AwqGemvFastMlxQuantLinear, LLMAwqMlxQuantLinear,
            GPTQBitBLASMlxQuantLinear, AWQBitBLASMlxQuantLinear, GPTQMarlinMlxQuantLinear, AWQMarlinMlxQuantLinear,
-           GGUFMlxQuantLinear, ParoMlxQuantLinear, QQQMlxQuantLinear)
+           GGUFMlxQuantLinear, ParoMlxQuantLinear, QQQMlxQuantLinear, BitsAndBytesMlxQuantLinear, FP8MlxQuantLinear)
