@@ -23,15 +23,9 @@ run() {  # name, time limit (s), command...
 python -c "import pytest" 2>/dev/null || { [ -d .whl ] && python -m pip install -q --no-index --find-links .whl pytest; }
 # gguf-py for the GGUF conformance oracle (pure Python; numpy and pyyaml are on the image)
 python -c "import gguf" 2>/dev/null || { [ -d .whl ] && python -m pip install -q --no-deps --no-index --find-links .whl gguf; }
-# gemm6 (2026-12-06, never on a GPU): the dequantization on its own warpgroup, wgmma from shared memory only,
-# against the layer's choice and bf16 at large M (issue 25's M >= 1024 cells)
-run gemm6_bigm 280 python benchmarks/gemm6_bigm.py --budget 200
-# EXL2 on the GPTQ Triton kernels (Exl2TritonLinear) and ExLlamaV2's act-order gather in one launch (2026-12-06,
-# never on a GPU: checked in the interpreter only), then the EXL3 GEMV's register caps (latency-bound at 96
-# registers, 31% occupancy on the H100)
+# EXL2 on the GPTQ Triton kernels (Exl2TritonLinear) and ExLlamaV2's act-order gather in one launch: ran on an H100
+# for 4096x14336 only (results/h100-gpu-exl2-triton-2026-12-07.md); both shapes, and the H200's own numbers
 run gpu_exl2 150 python benchmarks/gpu_exl2.py --reps 15
-run exl3_maxnreg 120 python benchmarks/gpu_exl3_parts.py --no-transforms --bits 2,4 --shapes 4096x14336 \
-    --maxnreg 0,64,80,128
 # the whole conformance report on one tree (earlier runs covered every kernel, but across three calls) and the
 # GPTQ variant sweep to its end (a 170 s limit stopped it inside the 2-bit layers on 2026-12-05)
 run conformance_cuda 200 python benchmarks/gpu_check.py --conformance

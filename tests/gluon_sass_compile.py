@@ -1,4 +1,4 @@
-"""Compile gemm4, gemm5 and gemm6 for sm_90 and write their SASS: run in a fresh process by ``test_gluon_sass.py``.
+"""Compile gemm4 and gemm5 for sm_90 and write their SASS: run in a fresh process by ``test_gluon_sass.py``.
 
     python3 tests/gluon_sass_compile.py OUT_DIR      # OUT_DIR/<case>.sass, or <case>.err with the error
 
@@ -32,10 +32,6 @@ CASES = {
     "gemm5-8bit-16x128x128-w4-zeros-r128": ("gemm5", (16, 128, 128, 4, False, True, 128, "gptq8")),
     "gemm5-8bit-g32-64x64x128-w4-split-r128": ("gemm5", (64, 64, 128, 4, True, False, 128, "q8_0")),
     "gemm5-8bit-128x128x64-w8-zeros-f16": ("gemm5", (128, 128, 64, 8, False, True, 0, "gptq8-f16")),
-    # gemm6 (block_m, block_n, block_k, consumer warps, zeros, stages, dequantized tiles in flight, activations)
-    "gemm6-128x256x64-w8": ("gemm6", (128, 256, 64, 8, False, 4, 2, "bf16")),
-    "gemm6-256x128x64-w8-zeros": ("gemm6", (256, 128, 64, 8, True, 4, 2, "bf16")),
-    "gemm6-128x128x64-w4-zeros-f16": ("gemm6", (128, 128, 64, 4, True, 4, 2, "f16")),
 }
 
 
@@ -97,29 +93,12 @@ def compile5(block_m: int, block_n: int, block_k: int, warps: int, split: bool, 
     return _sm90(qmm5_kernel, descs, consts, ptrs, options)
 
 
-def compile6(block_m: int, block_n: int, block_k: int, warps: int, has_z: bool, stages: int, w_stages: int,
-             act: str) -> object:
-    from qlinear.kernels.triton.qmm5 import _descriptor
-    from qlinear.kernels.triton.qmm6 import LOADER_REGISTERS, TRANSFORM_REGISTERS, qmm6_kernel
-
-    dtype = torch.float16 if act == "f16" else torch.bfloat16
-    tensors = {"x_desc": (torch.empty(256, 4096, dtype=dtype), [block_m, block_k]),
-               "w_desc": (torch.empty(512, 4096, dtype=torch.int32), [block_k // 8, block_n]),
-               "s_desc": (torch.empty(32, 4096, dtype=torch.float16), [1, block_n]),
-               "z_desc": (torch.empty(32, 4096, dtype=torch.uint8 if has_z else torch.float16), [1, block_n])}
-    descs = {name: _descriptor(t, block) for name, (t, block) in tensors.items()}
-    consts = dict(GS=128, ZC=8, HAS_Z=has_z, HAS_BIAS=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                  STAGES=stages, WSTAGES=w_stages, LOADER_REGS=LOADER_REGISTERS, TRANSFORM_REGS=TRANSFORM_REGISTERS)
-    dt = "*fp16" if act == "f16" else "*bf16"
-    return _sm90(qmm6_kernel, descs, consts, {"BIAS": dt, "Y": dt}, {"num_warps": warps})
-
-
 def main(out: Path) -> int:
     from triton.tools.disasm import get_sass
 
     for name, (kernel, tile) in CASES.items():
         try:
-            compiled = {"gemm4": compile4, "gemm5": compile5, "gemm6": compile6}[kernel](*tile)
+            compiled = (compile4 if kernel == "gemm4" else compile5)(*tile)
             (out / f"{name}.sass").write_text(get_sass(compiled.asm["cubin"]))  # type: ignore[attr-defined]
         except Exception as err:  # reported by the test that reads this case
             (out / f"{name}.err").write_text(f"{type(err).__name__}: {err}")

@@ -173,19 +173,3 @@ def test_gemm5_compiles_for_sm90_pipelined_and_without_hazards(sass: dict[str, s
         assert len(re.findall(r"\bHFMA2\b", code)) >= 64, "the offsets' FMA pairs"
     assert not re.search(r"\b(STL|LDL)\b", code), "no local-memory spills"
     assert wgmma_hazards(code) == []
-
-
-@pytest.mark.parametrize("case", ["gemm6-128x256x64-w8", "gemm6-256x128x64-w8-zeros", "gemm6-128x128x64-w4-zeros-f16"])
-def test_gemm6_compiles_for_sm90_pipelined_from_shared_memory(sass: dict[str, str], case: str) -> None:
-    """gemm6's consumers issue wgmma with both operands in shared memory, one group in flight; the transform
-    warpgroup writes the dequantized tile with stmatrix; nothing spills."""
-    code = sass[case]
-    hgmma = re.findall(r"\bHGMMA\.(\S+)\s+R\d+,\s+(\S+),", code)
-    assert len(hgmma) >= 8, "two steps' wgmma (the peeled one and the loop's)"
-    assert all(not a.startswith("R") for _, a in hgmma), "A from shared memory (a descriptor), not registers"
-    waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", code)
-    assert "0x1" in waits and len(waits) < len(hgmma) // 2, f"wgmma serialized: {len(waits)} waits"
-    assert re.search(r"\bSTSM\b", code), "the dequantized tile stored by stmatrix"
-    rows = 1 + ("zeros" in case)
-    assert len(re.findall(r"UTMALDG", code)) >= 2 + rows, "x, words and group rows by TMA"
-    assert not re.search(r"\b(STL|LDL)\b", code), "no local-memory spills"

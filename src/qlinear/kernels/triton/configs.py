@@ -23,9 +23,6 @@ A config is chosen per call from the flattened row count M. Variants, each with 
 * ``gemm5``  gemm4 with a loader warp (``qmm5.py``, Gluon warp specialisation): x, codes and group rows arrive
   by TMA into shared-memory slots, the consumer warpgroups only dequantize and issue wgmma. Same limits.
   ``tail_split``: a last wave of tiles that would leave most SMs idle runs as a second launch, split along K.
-* ``gemm6``  large M (``qmm6.py``, Gluon): the dequantization on a transform warpgroup of its own, which stores
-  the bf16/f16 tile to shared memory; the consumer warpgroups issue wgmma from shared memory only. Named
-  variant (forced configs, ``benchmarks/gemm6_bigm.py``); the selector does not pick it.
 * ``dense``  dequantize into a transient dense weight and call cuBLAS (large M).
 
 The table (``tuned_<device>.json``) is keyed by device name, then ``variant:m=<bucket>:n=:k=:b=:g=``;
@@ -70,7 +67,6 @@ class Config:
     sum_values: int = 4  # gemv_tc: partial sums per thread per split the split-K epilogue holds at once
     vector_params: bool = False  # gemv_tc: a group's parameters loaded once per lane (4 columns) for both tiles
     tail_split: int = 1  # gemm5: a last grid wave this sparse runs as a second launch, split this many ways along K
-    w_stages: int = 2  # gemm6: dequantized weight tiles in flight between the transform warpgroup and wgmma
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -262,10 +262,6 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
         from .qmm5 import qmm5
 
         return qmm5(x2, p, cfg, bias, lock, y)
-    if cfg.variant == "gemm6":
-        from .qmm6 import qmm6
-
-        return qmm6(x2, p, cfg, bias, y)
     if cfg.variant == "gemv_tc":
         from .qmv_tc import qmv_tc
 
