@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .affine import AffineWeight
+from .bnb_weight import INV127
 from .layouts import mlx as layout
 from .layouts.mlx import MlxWeight
 from .mlx_convert import MlxConversionError, from_affine
@@ -149,14 +150,15 @@ class Int8ActLinear(nn.Module):
 
 
 def _nibbles(codes: torch.Tensor) -> mx.array:
-    """4-bit codes ``[N, K]`` (K even) as bytes ``[N, K / 2]``, low nibble first (``_unpack`` undoes it)."""
-    c = codes.to(torch.uint8)
-    return to_mx(c[:, 0::2] | (c[:, 1::2] << 4))
+    """4-bit codes ``[N, K]`` as bytes over the flattened weight, low nibble first (``_unpack`` undoes it)."""
+    c = codes.to(torch.uint8).reshape(-1)
+    c = torch.cat([c, c.new_zeros(c.numel() % 2)])
+    return to_mx(c[0::2] | (c[1::2] << 4))
 
 
-def _unpack(packed: mx.array) -> mx.array:
-    n = packed.shape[0]
-    return mx.stack([packed & 15, packed >> 4], axis=-1).reshape(n, -1)
+def _unpack(packed: mx.array, shape: tuple[int, int]) -> mx.array:
+    n, k = shape
+    return mx.stack([packed & 15, packed >> 4], axis=-1).reshape(-1)[:n * k].reshape(n, k)
 
 
 class TableLinear(nn.Module):
@@ -169,7 +171,7 @@ class TableLinear(nn.Module):
     def __init__(self, codes: torch.Tensor, table: torch.Tensor, factors: torch.Tensor, block: tuple[int, int] | int,
                  divide: bool, bias: torch.Tensor | None) -> None:
         super().__init__()
-        self.bits = 4 if int(codes.max()) < 16 and table.numel() == 16 else 8
+        self.bits = 4 if table.numel() == 16 else 8  # a 16-value table: two codes a byte
         self.weight = _nibbles(codes) if self.bits == 4 else to_mx(codes.to(torch.uint8))
         self.table = to_mx(table.float())
         self.factors = to_mx(factors.float())
@@ -180,9 +182,9 @@ class TableLinear(nn.Module):
 
     def weight_values(self) -> mx.array:
         """The float32 weight ``[N, K]``, as the producer dequantizes it."""
-        codes = _unpack(self.weight) if self.bits == 4 else self.weight
-        v = mx.take(self.table, codes.astype(mx.int32))
         n, k = self.shape
+        codes = _unpack(self.weight, self.shape) if self.bits == 4 else self.weight
+        v = mx.take(self.table, codes.astype(mx.int32))
         if isinstance(self.block, int):  # flat blocks (bitsandbytes), the last one possibly partial
             bs = self.block
             flat = mx.pad(v.reshape(-1), (0, -(-n * k // bs) * bs - n * k))
@@ -204,7 +206,7 @@ class Int8RowLinear(nn.Module):
         super().__init__()
         self.weight = to_mx(codes.to(torch.int8))
         self.scb = to_mx(scb.float())
-        self.inv127 = mx.array(np.float32(1.0) / np.float32(127.0))
+        self.inv127 = mx.array(INV127, dtype=mx.float32)
         if bias is not None:
             self.bias = to_mx(bias)
         self.freeze()
