@@ -10,7 +10,9 @@ decode there; for EXL2 the same decode on both devices) and against ``x @ W^T`` 
 (``gpu_linear.timed``/``copies``): a CUDA graph calling the layer once per weight copy (copies together over 4x L2),
 replayed ``--reps`` times, median per call; activations bfloat16. EXL2 layers hold 3.9 bits per weight on average
 (4.0 with the scales): 8/6/5/4/3-bit groups of 32 rows, widest first as exllamav2 orders them. Their time includes
-decoding the whole weight in column tiles on every call (there is no fused kernel yet).
+decoding the whole weight in column tiles on every call. ``Exl2TritonLinear`` runs every segment in one launch at
+decode sizes (``triton/exl2_tc.py``); its "per segment" column forces the launch-per-segment path (gemv_tc each) in
+the same run. ``--sweep`` adds the one-launch kernel's split and step sizes at M = 1, 4, 16 on the first shape.
 ``$OUT`` (a directory), when set, receives the report as ``gpu_exl2.md``.
 """
 
@@ -116,9 +118,20 @@ def checks(args: argparse.Namespace) -> None:
             row(name, k, n, m, layer, dtype, gen)
     for dtype in (torch.bfloat16, torch.float16):  # GPU: the Triton segments; CPU: the exact torch decode
         layer = exl2_layer(k, n, gen)
-        for m in (1, 7, 64, 300):
+        for m in (1, 7, 16, 64, 300):  # M <= 16: every segment in one launch (exl2_tc)
             row("Exl2TritonLinear", k, n, m, layer, dtype, gen, gpu_cls=Exl2TritonLinear)
     say()
+
+
+class Forced(torch.nn.Module):
+    """An ``Exl2TritonLinear`` called with a fixed variant (and config) for side-by-side timing."""
+
+    def __init__(self, layer, variant: str, config=None) -> None:
+        super().__init__()
+        self.layer, self.variant, self.config = layer, variant, config
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer.matmul(x, variant=self.variant, config=self.config)
 
 
 def timing(args: argparse.Namespace) -> None:
@@ -126,12 +139,12 @@ def timing(args: argparse.Namespace) -> None:
     from qlinear.kernels.exl2_triton import Exl2TritonLinear
     from qlinear.kernels.exllamav2 import ExllamaV2Linear
 
-    say("## Timing: bf16 F.linear (cuBLAS) vs ExllamaV2Linear act-order (Triton route), Exl2TritonLinear and "
-        "Exl2TorchLinear (us per call; ratio = time / bf16)")
+    say("## Timing: bf16 F.linear (cuBLAS) vs ExllamaV2Linear act-order (Triton route), Exl2TritonLinear (one launch "
+        "at M <= 16; and per segment) and Exl2TorchLinear (us per call; ratio = time / bf16)")
     say()
-    say("| K x N | M | bf16 | ExllamaV2Linear g128 | ratio | Exl2TritonLinear 3.9b | ratio | Exl2TorchLinear 3.9b "
-        "| ratio |")
-    say("|---|---|---|---|---|---|---|---|---|")
+    say("| K x N | M | bf16 | ExllamaV2Linear g128 | ratio | Exl2TritonLinear 3.9b | ratio | per segment | ratio "
+        "| Exl2TorchLinear 3.9b | ratio |")
+    say("|---|---|---|---|---|---|---|---|---|---|---|")
     gen = torch.Generator().manual_seed(1)
     ggen = torch.Generator(device=DEV).manual_seed(1)
     for k, n in args.shapes:
@@ -141,21 +154,56 @@ def timing(args: argparse.Namespace) -> None:
         base_xt = exl2_layer(k, n, gen, Exl2TritonLinear).to(DEV)
         v2 = [base_v2.to(DEV)] + [_clone(base_v2) for _ in range(copies(n * k // 2) - 1)]
         xt = [base_xt] + [_clone(base_xt) for _ in range(copies(n * k // 2) - 1)]
+        seg = [Forced(layer, "gemv_tc") for layer in xt]
         x2 = [base_x2.to(DEV), _clone(base_x2)]  # decode-bound: two copies, few replays
         for m in args.ms:
             x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=ggen)
             tb = timed(wb, x, args.reps)
             cells = []
-            for layers, reps in ((v2, args.reps), (xt, args.reps), (x2, min(args.reps, 5))):
+            for layers, reps in ((v2, args.reps), (xt, args.reps), (seg if m <= 16 else xt, args.reps),
+                                 (x2, min(args.reps, 5))):
                 try:
                     t = timed(list(layers), x, reps)
                     cells += [f"{t:.1f}", f"{t / tb:.2f}"]
                 except Exception as err:  # report, keep the table going
                     cells += [f"failed: {type(err).__name__}: {str(err)[:80]}", "-"]
             say(f"| {k}x{n} | {m} | {tb:.1f} | " + " | ".join(cells) + " |")
-        del wb, v2, xt, x2
+        if args.sweep and (k, n) == args.shapes[0]:
+            sweep(xt, wb, k, args.reps, ggen)
+        del wb, v2, xt, x2, seg
         torch.cuda.empty_cache()
     say()
+
+
+def sweep(layers: list, dense: list, k: int, reps: int, ggen: torch.Generator) -> None:
+    """The one-launch kernel's total split (``split_k`` x segments, shared by bytes), step size and prefetch."""
+    import dataclasses
+
+    from gpu_linear import timed
+
+    say()
+    say(f"### One launch (exl2_tc) configs, K = {k}: us per call (bf16 in the header)")
+    say()
+    for m in (1, 4, 16):
+        x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=ggen)
+        base = layers[0].fused_config(m, DEV)
+        if base is None:
+            say(f"M = {m}: no gemv_tc config for the widest segment (skipped)")
+            continue
+        say(f"M = {m}, bf16 {timed(dense, x, reps):.1f} us; default {base}")
+        say()
+        say("| split_k | block_k | prefetch | us |")
+        say("|---|---|---|---|")
+        for split in (2, 4, 8, 16):
+            for bk in (64, 128, 256):
+                for pre in (False, True):
+                    cfg = dataclasses.replace(base, split_k=split, block_k=bk, prefetch=pre)
+                    try:
+                        t = f"{timed([Forced(layer, 'exl2_tc', cfg) for layer in layers], x, reps):.1f}"
+                    except Exception as err:  # report, keep going
+                        t = f"failed: {type(err).__name__}: {str(err)[:60]}"
+                    say(f"| {split} | {bk} | {pre} | {t} |")
+        say()
 
 
 def _clone(layer):
@@ -166,6 +214,7 @@ def _clone(layer):
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = parser(__doc__, SHAPES, MS, reps=20)
+    p.add_argument("--sweep", action="store_true", help="time the one-launch kernel's configs (first shape)")
     return parse_args(p, argv)
 
 

@@ -25,7 +25,7 @@ python -c "import pytest" 2>/dev/null || { [ -d .whl ] && python -m pip install 
 python -c "import gguf" 2>/dev/null || { [ -d .whl ] && python -m pip install -q --no-deps --no-index --find-links .whl gguf; }
 # EXL2 on the GPTQ Triton kernels (Exl2TritonLinear) and ExLlamaV2's act-order gather in one launch: ran on an H100
 # for 4096x14336 only (results/h100-gpu-exl2-triton-2026-12-07.md); both shapes, and the H200's own numbers
-run gpu_exl2 150 python benchmarks/gpu_exl2.py --reps 15
+run gpu_exl2 240 python benchmarks/gpu_exl2.py --reps 15 --sweep
 # the whole conformance report on one tree (earlier runs covered every kernel, but across three calls) and the
 # GPTQ variant sweep to its end (a 170 s limit stopped it inside the 2-bit layers on 2026-12-05)
 run conformance_cuda 200 python benchmarks/gpu_check.py --conformance

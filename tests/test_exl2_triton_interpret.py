@@ -44,9 +44,9 @@ PARAMS = [exl2.Exl2Params((8, 6, 5, 4, 3, 2), (32, 32, 32, 64, 32, 64)),  # thre
 @pytest.fixture(scope="module", autouse=True)
 def interpreter():
     pytest.importorskip("triton", reason=f"triton is not installed: {INSTALL}")
-    from qlinear.kernels.triton import qmm
+    from qlinear.kernels.triton import exl2_tc, qmm
 
-    with interpreted(qmm.qmm_kernel):
+    with interpreted(qmm.qmm_kernel), interpreted(exl2_tc.exl2_tc_kernel):
         yield
 
 
@@ -176,3 +176,51 @@ def test_selector_runs_exl2_on_triton_on_cuda_and_torch_elsewhere() -> None:
     no_triton = explain(pr, Target.fake_cuda((9, 0), modules={"triton": False}))
     verdict = next(v for v in no_triton.verdicts if v.kernel is Exl2TritonLinear)
     assert not verdict.ok and any("triton" in r for r in verdict.reasons)
+
+
+@pytest.mark.parametrize(("m", "dtype", "p", "block_m"), [
+    (1, torch.bfloat16, PARAMS[0], 8), (9, torch.float16, PARAMS[0], 16), (3, torch.float16, PARAMS[1], 8),
+    (2, torch.bfloat16, PARAMS[2], 8), (16, torch.bfloat16, PARAMS[1], 16),
+    (1, torch.float16, exl2.Exl2Params((5, 4, 3), (32, 64, 96)), 8)])  # two segments
+def test_one_launch_runs_every_segment(m: int, dtype: torch.dtype, p: exl2.Exl2Params, block_m: int,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``exl2_tc``: all segments in one kernel (the per-segment launcher must not run), against float64."""
+    from qlinear.kernels.triton import qmm
+    from qlinear.kernels.triton.configs import Config
+
+    lay, t, w = built(p, 11, dtype)
+
+    def no_segment_launch(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a segment ran on its own")
+
+    monkeypatch.setattr(qmm, "qmm", no_segment_launch)
+    x = torch.randn(m, p.in_features, generator=torch.Generator().manual_seed(m)).to(dtype)
+    cfg = Config("gemv_tc", block_m, 32, 64, 2, 2, 1, prefetch=m == 1)
+    y = lay.matmul(x, variant="exl2_tc", config=cfg)
+    ref = x.double().numpy() @ w + t["bias"].double().numpy()
+    assert y.shape == (m, N) and y.dtype == dtype
+    err = float(np.linalg.norm(y.double().numpy() - ref) / np.linalg.norm(ref))
+    assert err < TOL[dtype], f"exl2_tc {dtype} M={m}: relative error {err:.2e}"
+    assert int(lay._rt_lock.abs().sum()) == 0  # the split-K counters were reset
+
+
+def test_one_launch_refuses_what_gemv_tc_cannot_run() -> None:
+    lay, _, _ = built(PARAMS[3], 12)  # a ragged last group: kernel groups of 8 codes
+    x = torch.randn(1, PARAMS[3].in_features).half()
+    with pytest.raises(ValueError, match="groups of 32"):
+        lay.matmul(x, variant="exl2_tc")
+    lay, _, _ = built(PARAMS[0], 12)
+    with pytest.raises(ValueError, match="M = 17 rows"):
+        lay.matmul(torch.randn(17, PARAMS[0].in_features).half(), variant="exl2_tc")
+
+
+def test_x_plan_places_each_segments_sorted_rows_at_an_even_column() -> None:
+    lay, t, _ = built(PARAMS[0], 13)
+    plan = exl2_runtime.XPlan(lay._xidx, *lay._xcols)
+    perm = torch.argsort(t["q_invperm"].to(torch.int64))  # stored row i is input row perm[i]
+    for seg, pk, off, width in zip(lay._segments, lay.packs(), plan.offsets, plan.widths):
+        assert off % 2 == 0 and width == (pk.kp if pk.perm is not None else pk.k)
+        got = plan.index[off:off + width].to(torch.int64)
+        local = pk.perm.to(torch.int64) if pk.perm is not None else torch.arange(pk.k)
+        want = torch.where(local >= 0, perm[seg.row0 + local.clamp(min=0)], -1)
+        assert torch.equal(got, want)

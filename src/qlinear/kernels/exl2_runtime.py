@@ -100,3 +100,30 @@ def to_q_weight(packs: list[Packed], p: exl2.Exl2Params) -> torch.Tensor:
     parts = [(segment_codes(pk).to(torch.int16) - s.shifts(p).to(pk.qweight.device)[:, None])
              for s, pk in zip(segs, packs)]
     return exl2.pack_codes(torch.cat(parts), p)
+
+
+@dataclass(frozen=True)
+class XPlan:
+    """Where each segment's sorted activations sit in the one gathered buffer: ``index`` (int32 input column per
+    buffer column, -1 for padding), each segment's first column (even: its pairs load as int32) and width."""
+
+    index: torch.Tensor
+    offsets: tuple[int, ...]
+    widths: tuple[int, ...]
+
+
+def x_plan(packs: list[Packed], rows0: list[int], perm: torch.Tensor) -> XPlan:
+    """The gather for ``packs`` (segment ``i`` covers stored rows ``rows0[i]..``; ``perm``: the input column of each
+    stored row, int64 or int32): a segment's sorted row ``j`` reads stored row ``rows0[i] + pk.perm[j]`` (or ``j``
+    without a sort), padded to an even width."""
+    parts, offsets, widths, col = [], [], [], 0
+    perm = perm.to(torch.int64).cpu()
+    for pk, r0 in zip(packs, rows0):
+        local = pk.perm.to(torch.int64).cpu() if pk.perm is not None else torch.arange(pk.k)
+        idx = torch.where(local >= 0, perm[r0 + local.clamp(min=0)], -1)
+        width = idx.numel() + idx.numel() % 2
+        parts.append(torch.cat([idx, torch.full((width - idx.numel(),), -1, dtype=torch.int64)]))
+        offsets.append(col)
+        widths.append(idx.numel())
+        col += width
+    return XPlan(torch.cat(parts).to(torch.int32).to(packs[0].qweight.device), tuple(offsets), tuple(widths))

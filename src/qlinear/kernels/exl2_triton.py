@@ -3,8 +3,10 @@
 ``Exl2TorchLinear`` decodes the whole weight with torch in every forward (4.4 ms for 4096x14336 on an H100, 100x
 bf16). Here ``prepare()`` re-lays the groups as at most three GPTQ layouts (``exl2_runtime``: 8, 4 and 2-bit
 words, one per run of widths) and drops ``q_weight``: the layouts keep every code, and the file's words are
-rebuilt from them when saved or decoded. A forward gathers each segment's input rows (the act-order permutation,
-one launch a segment), runs the variant M picks for that segment, and sums.
+rebuilt from them when saved or decoded. Where the widest segment's variant for M rows is ``gemv_tc`` (decode,
+M <= 16), one launch gathers every segment's input rows and one ``triton/exl2_tc.py`` launch runs all segments,
+their sum being its split-K sum; otherwise each segment gathers its rows, runs the variant M picks for it, and the
+products are summed.
 """
 
 from __future__ import annotations
@@ -54,14 +56,17 @@ class Exl2TritonLinear(Exl2ReplacedWeight):
         segs = exl2_runtime.segments(p) if isinstance(p, exl2.Exl2Params) else ()
         runs = ", ".join(f"{s.rows} rows of {sorted(set(p.group_bits[s.first:s.first + s.count]), reverse=True)} "
                          f"bits as {s.bits}-bit words g{s.group}" for s in segs) or "its runs of widths"
-        return (f"the GPTQ Triton kernels on {runs} (q_weight re-laid at load, rebuilt bit for bit on save); per "
-                "segment the variant M picks (gemv_tc / gemv, the tensor-core GEMMs, dequantize + cuBLAS); the "
+        return (f"the GPTQ Triton kernels on {runs} (q_weight re-laid at load, rebuilt bit for bit on save); "
+                "where the widest segment runs gemv_tc (decode), every segment in one launch (exl2_tc); else per "
+                "segment the variant M picks (gemv_tc / gemv, the tensor-core GEMMs, dequantize + cuBLAS), the "
                 "segments' outputs summed")
 
     def register_checkpoint_buffers(self, bias: bool) -> None:
         super().register_checkpoint_buffers(bias)
         self.register_buffer("_rt_lock", None, persistent=False)
         self.register_buffer("_perm32", None, persistent=False)
+        self.register_buffer("_xidx", None, persistent=False)  # the one-launch gather (exl2_tc.XPlan.index)
+        self._xcols: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # its segments' offsets and widths
         for i in range(len(exl2_runtime.KERNEL_BITS)):
             for name in SEGMENT_TENSORS:
                 self.register_buffer(f"_s{i}_{name}", None, persistent=False)
@@ -91,6 +96,7 @@ class Exl2TritonLinear(Exl2ReplacedWeight):
             for name in SEGMENT_TENSORS:
                 setattr(self, f"_s{i}_{name}", None)
         self._seg_meta, self._segments = [], ()
+        self._xidx, self._xcols = None, ((), ())
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
         """Device moves only: a cast would round the segments' float16 scales (``model.to(torch.bfloat16)``)."""
@@ -116,6 +122,8 @@ class Exl2TritonLinear(Exl2ReplacedWeight):
         self._seg_meta = [pk.meta() for pk in packs]
         self._segments = exl2_runtime.segments(p)
         self._perm32 = self._perm.to(torch.int32)
+        plan = exl2_runtime.x_plan(self.packs(), [seg.row0 for seg in self._segments], self._perm)
+        self._xidx, self._xcols = plan.index.to(dev), (plan.offsets, plan.widths)
         self._perm = self._scales = self._groups = None  # the torch path's tensors: the segments hold them now
         self._rt_lock = torch.zeros(lock_slots(self.out_features), dtype=torch.int32, device=dev)
         self.drop_codes_buffer()
@@ -149,12 +157,39 @@ class Exl2TritonLinear(Exl2ReplacedWeight):
             lines += ["  " + v for v in explain_choice(name, sms, m, pk.n, pk.k, pk.kp, pk.bits, pk.group, unfit)]
         return "\n".join(lines)
 
+    def fused_config(self, m: int, device: torch.device, variant: str | None = None, config: Any = None) -> Any:
+        """The one-launch config for M rows (the widest segment's ``gemv_tc`` config), or None where the segments
+        run one by one: the widest segment's variant is not ``gemv_tc`` (unless ``variant == "exl2_tc"``) or
+        ``exl2_tc.fused_reasons`` names a reason."""
+        from .triton import exl2_tc
+
+        if variant not in (None, "exl2_tc") or exl2_tc.fused_reasons(self.packs(), m, self.dtype, device):
+            return None
+        widest = max(self.packs(), key=lambda pk: pk.qweight.numel())
+        if config is not None:
+            return config if variant == "exl2_tc" else None
+        cfg = fitted_config(widest, m, self.dtype, device, "gemv_tc" if variant == "exl2_tc" else None)
+        return cfg if cfg.variant == "gemv_tc" else None
+
     def matmul(self, x2: torch.Tensor, variant: str | None = None, config: Any = None) -> torch.Tensor:
-        """``x2 [M, K] @ W^T + bias``: each segment's rows gathered, multiplied, the products summed."""
+        """``x2 [M, K] @ W^T + bias``: every segment in one launch (``fused_config``), or each segment's rows
+        gathered, multiplied, the products summed."""
         from .triton.dequant import dense_mm
         from .triton.gather import gather
         from .triton.qmm import qmm
 
+        fused = self.fused_config(x2.shape[0], x2.device, variant, config)
+        if fused is not None:
+            from .triton import exl2_tc
+
+            plan = exl2_runtime.XPlan(self._xidx, *self._xcols)
+            return exl2_tc.exl2_tc(gather(x2, self._xidx), plan, self.packs(), fused, self.bias, self._rt_lock,
+                                   use_asm=not interpreting())
+        if variant == "exl2_tc":
+            from .triton import exl2_tc
+
+            why = exl2_tc.fused_reasons(self.packs(), x2.shape[0], self.dtype, x2.device)
+            raise ValueError("variant exl2_tc cannot run this call: " + "; ".join(why or ["no gemv_tc config"]))
         y = None
         for seg, pk, cfg in zip(self._segments, self.packs(),
                                 self.configs(x2.shape[0], x2.device, variant, config)):

@@ -131,13 +131,37 @@ def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
                   EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, SUBZ: tl.constexpr,
                   STAGE_X: tl.constexpr, SUM_ROWS: tl.constexpr, VEC_PARAMS: tl.constexpr, USE_ASM: tl.constexpr,
                   ASM: tl.constexpr, CONSTRAINTS: tl.constexpr):
-    """Grid ``(M / (8 NB), N / (32 WN), SPLIT_K)``: the row sets of one weight tile run side by side, so
-    all but the first read its words from L2; ``WN x WK`` warps: ``WN`` strips of 32 columns, each
-    walked by ``WK`` warps taking turns over the CTA's steps (their sums meet in shared memory at the end).
-    x is in sorted order with ``KX`` (even) columns; ``NCH`` field blocks (chunks) of ``R`` word rows;
-    ``UNIT`` chunks per step, inside one group or whole groups (small groups: each group's terms are added
-    after its chunks, so a step still loads ``UNIT`` chunks at once); ``NB`` sets of 8 rows share each
-    dequantized chunk;
+    """Grid ``(M / (8 NB), N / (32 WN), SPLIT_K)``: ``qmv_tc_body`` on this program's tile and split, then the
+    split-K store."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    out = qmv_tc_body(X, W, S, Z, OFF, SUP, M, KX, NP, NCH, pid_m, pid_n, pid_k, SPLIT_K, stride_xm,
+                      GS, BITS, R, ZC, HAS_Z, HAS_OFF, HAS_SUP, WN, WK, UNIT, NB, EVEN_K, EVEN_N, PREFETCH, SUBZ,
+                      STAGE_X, VEC_PARAMS, USE_ASM, ASM, CONSTRAINTS)
+    offs_m = pid_m * (8 * NB) + tl.arange(0, 8 * NB)
+    offs_n = pid_n * (32 * WN) + tl.arange(0, 32 * WN)
+    store_split(Y, BIAS, PART, LOCK, out, offs_m, offs_n, M, N, stride_ym, pid_m * tl.num_programs(1) + pid_n,
+                pid_k, SPLIT_K, HAS_BIAS, SPLIT, 8 * NB, 32 * WN, SUM_ROWS)
+
+
+@triton.jit
+def qmv_tc_body(X, W, S, Z, OFF, SUP, M, KX, NP, NCH, pid_m, pid_n, pid_k, SPLIT_K, stride_xm,
+                GS: tl.constexpr, BITS: tl.constexpr, R: tl.constexpr, ZC: tl.constexpr,
+                HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr, HAS_SUP: tl.constexpr,
+                WN: tl.constexpr, WK: tl.constexpr, UNIT: tl.constexpr, NB: tl.constexpr,
+                EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, SUBZ: tl.constexpr,
+                STAGE_X: tl.constexpr, VEC_PARAMS: tl.constexpr, USE_ASM: tl.constexpr,
+                ASM: tl.constexpr, CONSTRAINTS: tl.constexpr):
+    """The ``[8 NB, 32 WN]`` float32 tile of rows set ``pid_m``, columns ``pid_n`` over split ``pid_k`` of
+    ``SPLIT_K`` (a function, so a kernel may run several layouts' splits in one launch: ``exl2_tc.py``).
+
+    The row sets of one weight tile run side by side, so all but the first read its words from L2; ``WN x WK``
+    warps: ``WN`` strips of 32 columns, each walked by ``WK`` warps taking turns over the CTA's steps (their sums
+    meet in shared memory at the end). x is in sorted order with ``KX`` (even) columns; ``NCH`` field blocks
+    (chunks) of ``R`` word rows; ``UNIT`` chunks per step, inside one group or whole groups (small groups: each
+    group's terms are added after its chunks, so a step still loads ``UNIT`` chunks at once); ``NB`` sets of 8
+    rows share each dequantized chunk;
     ``PREFETCH`` loads the next step's words and x before this step's MMAs."""
     PF: tl.constexpr = 32 // BITS
     NF: tl.constexpr = PF * R // 8  # fields of a word one lane uses per chunk
@@ -152,9 +176,6 @@ def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
     MAGIC: tl.constexpr = 128.0 if IS_BF16 else 1024.0
     ZM: tl.constexpr = 0.0 if IS_BF16 and BITS == 8 else MAGIC  # the asm's zero pairs: -(ZM + z)
     SUB_E: tl.constexpr = SUBZ and USE_ASM  # C already holds sum (q - z) x (the twin always sums (m + q) x)
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
     lane = tl.arange(0, L)[:, None]
     c4 = tl.arange(0, 4)[None, :]
     g = (lane % 32) // 4
@@ -267,10 +288,7 @@ def qmv_tc_kernel(X, W, S, Z, OFF, SUP, BIAS, Y, PART, LOCK,
     out = _frag_to_tile(_warp_sum(acc0, WK, BLOCK_N), _warp_sum(acc1, WK, BLOCK_N), WN)
     if NB == 2:
         out = stack2(out, _frag_to_tile(_warp_sum(acc2, WK, BLOCK_N), _warp_sum(acc3, WK, BLOCK_N), WN))
-    offs_m = pid_m * ROWS + tl.arange(0, ROWS)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    store_split(Y, BIAS, PART, LOCK, out, offs_m, offs_n, M, N, stride_ym, pid_m * tl.num_programs(1) + pid_n,
-                pid_k, SPLIT_K, HAS_BIAS, SPLIT, ROWS, BLOCK_N, SUM_ROWS)
+    return out
 
 
 def capability(device: torch.device) -> tuple[int, int] | None:
