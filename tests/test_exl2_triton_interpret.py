@@ -157,6 +157,8 @@ def test_forward_reshapes_and_explains_its_segments() -> None:
     assert float(np.abs(y.reshape(6, N).double().numpy() - ref).max()) < 1e-2 * float(np.abs(ref).max())
     why = lay.explain_call(6, "cpu")
     assert why.count("segment rows") == 3 and "8-bit words" in why and "2-bit words" in why
+    assert lay.explain_call(1, "cpu").startswith("one launch (exl2_tc)")
+    assert "not one launch: M = 20 rows" in lay.explain_call(20, "cpu")
     with pytest.raises(ValueError, match="in_features"):
         lay(torch.randn(1, p.in_features + 1).half())
     with pytest.raises(ValueError, match="dtype"):

@@ -139,7 +139,9 @@ class Exl2TritonLinear(Exl2ReplacedWeight):
         return [fitted_config(pk, m, self.dtype, device, variant) for pk in self.packs()]
 
     def explain_call(self, m: int, device: torch.device | str = "cuda") -> str:
-        """Per segment: its rows and widths, the variant a forward of M rows runs and why each other does not."""
+        """Whether the segments run in one launch (and why not), then per segment: its rows and widths, the variant
+        a forward of M rows runs and why each other does not."""
+        from .triton import exl2_tc
         from .triton.why import explain_choice
 
         self.ensure_prepared()
@@ -148,7 +150,15 @@ class Exl2TritonLinear(Exl2ReplacedWeight):
             raise ValueError("explain_call: no CUDA device here; device='cpu' gives the interpreter's view")
         name, sms = device_facts(device.index or 0) if device.type == "cuda" else ("interpreter", 4)
         p = exl2_params(self.scheme)
-        lines = []
+        fused = self.fused_config(m, device)
+        if fused is not None:
+            lines = [f"one launch (exl2_tc): every segment's splits in one gemv_tc kernel, {fused.num_warps} warps, "
+                     f"block_n {fused.block_n}, block_k {fused.block_k}, split-K {fused.split_k} x {len(self.packs())} "
+                     "segments shared by bytes; the per-segment variants below run otherwise"]
+        else:
+            why = exl2_tc.fused_reasons(self.packs(), m, self.dtype, device) or [
+                "the widest segment's variant for this M is not gemv_tc"]
+            lines = ["segments one by one (not one launch: " + "; ".join(why) + ")"]
         for seg, pk in zip(exl2_runtime.segments(p), self.packs()):
             widths = sorted(set(p.group_bits[seg.first:seg.first + seg.count]), reverse=True)
             lines.append(f"segment rows {seg.row0}..{seg.row0 + seg.rows - 1} (EXL2 {widths}-bit): {pk.bits}-bit "
