@@ -10,9 +10,9 @@ decode there; for EXL2 the same decode on both devices) and against ``x @ W^T`` 
 (``gpu_linear.timed``/``copies``): a CUDA graph calling the layer once per weight copy (copies together over 4x L2),
 replayed ``--reps`` times, median per call; activations bfloat16. EXL2 layers hold 3.9 bits per weight on average
 (4.0 with the scales): 8/6/5/4/3-bit groups of 32 rows, widest first as exllamav2 orders them. Their time includes
-decoding the whole weight in column tiles on every call. ``Exl2TritonLinear`` runs every segment in one launch at
-decode sizes (``triton/exl2_tc.py``); its "per segment" column forces the launch-per-segment path (gemv_tc each) in
-the same run. ``--sweep`` adds the one-launch kernel's split and step sizes at M = 1, 4, 16 on the first shape.
+decoding the whole weight in column tiles on every call. ``Exl2TritonLinear`` is timed as a forward runs it (its
+default) and, at M <= 16, with every segment in one launch (``variant="exl2_tc"``, ``triton/exl2_tc.py``), and the
+checks run both. ``--sweep`` adds the one-launch kernel's split and step sizes at M = 1, 4, 16 on the first shape.
 ``$OUT`` (a directory), when set, receives the report as ``gpu_exl2.md``.
 """
 
@@ -79,8 +79,9 @@ def exv2_layer(cls, k: int, n: int, gen: torch.Generator, desc_act: bool):
 
 
 def row(name: str, k: int, n: int, m: int, cpu_layer, dtype: torch.dtype, gen: torch.Generator,
-        gpu_cls=None) -> None:
-    """``gpu_cls``: run that class on the GPU, loaded from the CPU layer's state dict (CUDA-only classes)."""
+        gpu_cls=None, variant: str | None = None) -> None:
+    """``gpu_cls``: run that class on the GPU, loaded from the CPU layer's state dict (CUDA-only classes);
+    ``variant``: call its ``matmul`` with that variant instead of its forward."""
     import copy
 
     x = torch.randn(m, k, generator=gen).to(dtype)
@@ -92,7 +93,7 @@ def row(name: str, k: int, n: int, m: int, cpu_layer, dtype: torch.dtype, gen: t
     else:
         gpu = gpu_cls(cpu_layer.scheme, bias=cpu_layer.bias is not None, dtype=dtype).to(DEV)
         gpu.load_state_dict({k: v.to(DEV) for k, v in cpu_layer.state_dict().items()})
-    got = gpu(x.to(DEV)).cpu().double()
+    got = (gpu(x.to(DEV)) if variant is None else gpu.matmul(x.to(DEV), variant=variant)).cpu().double()
     scale = float(ref.abs().max())
     say(f"| {name} | {k}x{n} | {str(dtype)[6:]} | {m} | {float((got - want).abs().max()) / scale:.2e} | "
         f"{float((got - ref).abs().max()) / scale:.2e} | {float((want - ref).abs().max()) / scale:.2e} |")
@@ -118,8 +119,10 @@ def checks(args: argparse.Namespace) -> None:
             row(name, k, n, m, layer, dtype, gen)
     for dtype in (torch.bfloat16, torch.float16):  # GPU: the Triton segments; CPU: the exact torch decode
         layer = exl2_layer(k, n, gen)
-        for m in (1, 7, 16, 64, 300):  # M <= 16: every segment in one launch (exl2_tc)
+        for m in (1, 7, 64, 300):
             row("Exl2TritonLinear", k, n, m, layer, dtype, gen, gpu_cls=Exl2TritonLinear)
+        for m in (1, 4, 9, 16):  # every segment in one launch
+            row("Exl2TritonLinear exl2_tc", k, n, m, layer, dtype, gen, gpu_cls=Exl2TritonLinear, variant="exl2_tc")
     say()
 
 
@@ -139,10 +142,10 @@ def timing(args: argparse.Namespace) -> None:
     from qlinear.kernels.exl2_triton import Exl2TritonLinear
     from qlinear.kernels.exllamav2 import ExllamaV2Linear
 
-    say("## Timing: bf16 F.linear (cuBLAS) vs ExllamaV2Linear act-order (Triton route), Exl2TritonLinear (one launch "
-        "at M <= 16; and per segment) and Exl2TorchLinear (us per call; ratio = time / bf16)")
+    say("## Timing: bf16 F.linear (cuBLAS) vs ExllamaV2Linear act-order (Triton route), Exl2TritonLinear (its forward; "
+        "and one launch, exl2_tc, at M <= 16) and Exl2TorchLinear (us per call; ratio = time / bf16)")
     say()
-    say("| K x N | M | bf16 | ExllamaV2Linear g128 | ratio | Exl2TritonLinear 3.9b | ratio | per segment | ratio "
+    say("| K x N | M | bf16 | ExllamaV2Linear g128 | ratio | Exl2TritonLinear 3.9b | ratio | one launch | ratio "
         "| Exl2TorchLinear 3.9b | ratio |")
     say("|---|---|---|---|---|---|---|---|---|---|---|")
     gen = torch.Generator().manual_seed(1)
@@ -154,14 +157,16 @@ def timing(args: argparse.Namespace) -> None:
         base_xt = exl2_layer(k, n, gen, Exl2TritonLinear).to(DEV)
         v2 = [base_v2.to(DEV)] + [_clone(base_v2) for _ in range(copies(n * k // 2) - 1)]
         xt = [base_xt] + [_clone(base_xt) for _ in range(copies(n * k // 2) - 1)]
-        seg = [Forced(layer, "gemv_tc") for layer in xt]
+        one = [Forced(layer, "exl2_tc") for layer in xt]
         x2 = [base_x2.to(DEV), _clone(base_x2)]  # decode-bound: two copies, few replays
         for m in args.ms:
             x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=ggen)
             tb = timed(wb, x, args.reps)
             cells = []
-            for layers, reps in ((v2, args.reps), (xt, args.reps), (seg if m <= 16 else xt, args.reps),
-                                 (x2, min(args.reps, 5))):
+            for layers, reps in ((v2, args.reps), (xt, args.reps), (one, args.reps), (x2, min(args.reps, 5))):
+                if layers is one and m > 16:
+                    cells += ["-", "-"]
+                    continue
                 try:
                     t = timed(list(layers), x, reps)
                     cells += [f"{t:.1f}", f"{t / tb:.2f}"]
@@ -170,7 +175,7 @@ def timing(args: argparse.Namespace) -> None:
             say(f"| {k}x{n} | {m} | {tb:.1f} | " + " | ".join(cells) + " |")
         if args.sweep and (k, n) == args.shapes[0]:
             sweep(xt, wb, k, args.reps, ggen)
-        del wb, v2, xt, x2, seg
+        del wb, v2, xt, x2, one
         torch.cuda.empty_cache()
     say()
 
@@ -186,7 +191,7 @@ def sweep(layers: list, dense: list, k: int, reps: int, ggen: torch.Generator) -
     say()
     for m in (1, 4, 16):
         x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=ggen)
-        base = layers[0].fused_config(m, DEV)
+        base = layers[0].fused_config(m, DEV, variant="exl2_tc")
         if base is None:
             say(f"M = {m}: no gemv_tc config for the widest segment (skipped)")
             continue

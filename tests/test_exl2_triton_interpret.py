@@ -157,8 +157,11 @@ def test_forward_reshapes_and_explains_its_segments() -> None:
     assert float(np.abs(y.reshape(6, N).double().numpy() - ref).max()) < 1e-2 * float(np.abs(ref).max())
     why = lay.explain_call(6, "cpu")
     assert why.count("segment rows") == 3 and "8-bit words" in why and "2-bit words" in why
-    assert lay.explain_call(1, "cpu").startswith("one launch (exl2_tc)")
     assert "not one launch: M = 20 rows" in lay.explain_call(20, "cpu")
+    from qlinear.kernels import exl2_triton
+
+    one = exl2_triton.ONE_LAUNCH_BY_DEFAULT
+    assert ("one launch (exl2_tc)" if one else "variant='exl2_tc'") in lay.explain_call(1, "cpu").splitlines()[0]
     with pytest.raises(ValueError, match="in_features"):
         lay(torch.randn(1, p.in_features + 1).half())
     with pytest.raises(ValueError, match="dtype"):
@@ -226,3 +229,21 @@ def test_x_plan_places_each_segments_sorted_rows_at_an_even_column() -> None:
         local = pk.perm.to(torch.int64) if pk.perm is not None else torch.arange(pk.k)
         want = torch.where(local >= 0, perm[seg.row0 + local.clamp(min=0)], -1)
         assert torch.equal(got, want)
+
+
+def test_the_default_takes_one_launch_when_switched_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qlinear.kernels import exl2_triton
+
+    lay, t, w = built(PARAMS[0], 14)
+    monkeypatch.setattr(exl2_triton, "ONE_LAUNCH_BY_DEFAULT", True)
+    cfg = lay.fused_config(1, torch.device("cpu"))
+    assert cfg is not None and cfg.variant == "gemv_tc"
+    assert lay.explain_call(1, "cpu").startswith("one launch (exl2_tc)")
+    assert lay.fused_config(1, torch.device("cpu"), variant="gemv") is None  # another variant asked for
+    x = torch.randn(1, PARAMS[0].in_features, generator=torch.Generator().manual_seed(2)).half()
+    ref = x.double().numpy() @ w + t["bias"].double().numpy()
+    err = float(np.linalg.norm(lay(x).double().numpy() - ref) / np.linalg.norm(ref))
+    assert err < TOL[torch.float16]
+    monkeypatch.setattr(exl2_triton, "ONE_LAUNCH_BY_DEFAULT", False)
+    assert lay.fused_config(1, torch.device("cpu")) is None
+    assert lay.fused_config(1, torch.device("cpu"), variant="exl2_tc") is not None

@@ -25,6 +25,10 @@ from .exl2_replaced import Exl2ReplacedWeight
 from .triton.runtime import interpreting
 from .triton_gptq import device_facts, fitted_config, triton_version_reasons, unfit_variants
 
+#: Whether a forward takes the one-launch path unasked where it applies (``fused_config``); ``variant="exl2_tc"``
+#: always may. Off until the kernel has run on a GPU beside the per-segment path (docs/performance.md, EXL2).
+ONE_LAUNCH_BY_DEFAULT = False
+
 #: the per-segment runtime tensors (constant zeros: no zero tensor; no offsets or super-scales)
 SEGMENT_TENSORS = ("qweight", "scales", "perm", "xorder")
 
@@ -156,8 +160,9 @@ class Exl2TritonLinear(Exl2ReplacedWeight):
                      f"block_n {fused.block_n}, block_k {fused.block_k}, split-K {fused.split_k} x {len(self.packs())} "
                      "segments shared by bytes; the per-segment variants below run otherwise"]
         else:
-            why = exl2_tc.fused_reasons(self.packs(), m, self.dtype, device) or [
-                "the widest segment's variant for this M is not gemv_tc"]
+            why = exl2_tc.fused_reasons(self.packs(), m, self.dtype, device) or (
+                ["the widest segment's variant for this M is not gemv_tc"] if ONE_LAUNCH_BY_DEFAULT else
+                ["it runs when asked for (variant='exl2_tc'), not by default until measured on a GPU"])
             lines = ["segments one by one (not one launch: " + "; ".join(why) + ")"]
         for seg, pk in zip(exl2_runtime.segments(p), self.packs()):
             widths = sorted(set(p.group_bits[seg.first:seg.first + seg.count]), reverse=True)
@@ -169,11 +174,13 @@ class Exl2TritonLinear(Exl2ReplacedWeight):
 
     def fused_config(self, m: int, device: torch.device, variant: str | None = None, config: Any = None) -> Any:
         """The one-launch config for M rows (the widest segment's ``gemv_tc`` config), or None where the segments
-        run one by one: the widest segment's variant is not ``gemv_tc`` (unless ``variant == "exl2_tc"``) or
-        ``exl2_tc.fused_reasons`` names a reason."""
+        run one by one: another variant asked for, no variant and ``ONE_LAUNCH_BY_DEFAULT`` off, the widest segment's
+        variant not ``gemv_tc`` (unless ``variant == "exl2_tc"``), or ``exl2_tc.fused_reasons`` names a reason."""
         from .triton import exl2_tc
 
-        if variant not in (None, "exl2_tc") or exl2_tc.fused_reasons(self.packs(), m, self.dtype, device):
+        if variant not in (None, "exl2_tc") or (variant is None and not ONE_LAUNCH_BY_DEFAULT):
+            return None
+        if exl2_tc.fused_reasons(self.packs(), m, self.dtype, device):
             return None
         widest = max(self.packs(), key=lambda pk: pk.qweight.numel())
         if config is not None:
@@ -188,6 +195,7 @@ class Exl2TritonLinear(Exl2ReplacedWeight):
         from .triton.gather import gather
         from .triton.qmm import qmm
 
+        self.ensure_prepared()
         fused = self.fused_config(x2.shape[0], x2.device, variant, config)
         if fused is not None:
             from .triton import exl2_tc
