@@ -14,9 +14,11 @@ import torch
 from safetensors.torch import save_file
 
 from qlinear.checkpoint import CheckpointError, load_checkpoint, plan_checkpoint
+from qlinear.kernels.paro_cpu import ParoCpuLinear
 from qlinear.kernels.paroquant import ParoLinear
 from qlinear.layouts.paroquant import ParoParams
 from qlinear.spec import Scheme
+from qlinear.target import Target
 
 K, N, GS, KROT = 128, 32, 64, 2
 
@@ -59,13 +61,26 @@ def test_paroquant_directory_loads_and_runs(tmp_path: Path) -> None:
     plan = plan_checkpoint(root)
     assert sorted(plan.modules) == sorted(mods)
     assert plan.modules["model.layers.0.mlp.up_proj"].scheme.layout_params == ParoParams(KROT)
-    layers = load_checkpoint(root)
     x = torch.randn(3, K).half()
+    exact = load_checkpoint(root, backend="paroquant_cuda")  # ParoLinear: GPTQModel's arithmetic
     for name, leaves in mods.items():
-        layer = layers[name]
+        layer = exact[name]
         assert isinstance(layer, ParoLinear)
         assert torch.equal(layer(x), direct(leaves)(x))
         assert sorted(layer.state_dict()) == sorted(leaves)
+    auto = load_checkpoint(root)  # on CPU: ParoCpuLinear (the int4 kernels) where torch has the int4pack ops
+    for name, leaves in mods.items():
+        layer, want = auto[name], direct(leaves)(x).double()
+        assert isinstance(layer, ParoCpuLinear if torch_has_int4pack() else ParoLinear)
+        assert float((layer(x).double() - want).norm() / want.norm()) < 6e-3  # bfloat16 arithmetic
+        sd = layer.state_dict()
+        assert sorted(sd) == sorted(leaves) and all(torch.equal(sd[k], v) for k, v in leaves.items())
+
+
+def torch_has_int4pack() -> bool:
+    from qlinear.kernels.planned.cpu import INT4PACK_CPU_OPS
+
+    return all(Target.here().has_op(op) for op in INT4PACK_CPU_OPS)
 
 
 def test_gptqmodel_spelling_and_dynamic_rules(tmp_path: Path) -> None:
@@ -105,7 +120,7 @@ def test_bad_config_and_bad_rotation_content(tmp_path: Path) -> None:
     leaves = module(7)
     leaves["pairs"][1, 0] = leaves["pairs"][1, 1]
     root = write(tmp_path / "dup", {"m.q_proj": leaves})
-    with pytest.raises(CheckpointError, match="m.q_proj: ParoLinear .* pairs: round 1, group 0 is not a permutation"):
+    with pytest.raises(CheckpointError, match=r"m.q_proj: Paro\w*Linear .* pairs: round 1, group 0 is not a perm"):
         load_checkpoint(root)
 
 

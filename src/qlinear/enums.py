@@ -129,6 +129,7 @@ class BACKEND(_LenientEnum):
     VPTQ_CUDA = "vptq_cuda"
     PAROQUANT_CUDA = "paroquant_cuda"
     PAROQUANT_TRITON = "paroquant_triton"
+    PAROQUANT_CPU = "paroquant_cpu"  # qlinear's own: ParoQuant's rotation, then its AWQ codes on the CPU int4 kernels
     EXL3_EXLLAMA_V3 = "exl3_exllama_v3"
     EXL3_TORCH = "exl3_torch"
     MLX = "mlx"

@@ -36,6 +36,7 @@ FAMILIES: tuple[str, ...] = (
     "mlx_cpu",
     "mlx_holders",
     "paroquant",
+    "paro_cpu",
     "exllamav2",
     "exl2",
     "exl2_triton",
