@@ -124,7 +124,8 @@ def exl2_parts(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
     return exl2(k, n, gen, Exl2CpuLinear)
 
 
-def paroquant(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
+def paroquant(k: int, n: int, gen: torch.Generator, cls: type | None = None) -> torch.nn.Module:
+    """4-bit g128 with 8 rotation rounds; ``cls``: the kernel (default the exact ``ParoLinear``)."""
     from qlinear.kernels.paroquant import ParoLinear
     from qlinear.layouts.paroquant import ParoParams
     from qlinear.spec import Scheme
@@ -132,7 +133,7 @@ def paroquant(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
     gs, krot = 128, 8
     s = Scheme(bits=4, group_size=gs, in_features=k, out_features=n, method="paroquant", format="paroquant",
                layout_params=ParoParams(krot))
-    layer = ParoLinear(s, dtype=torch.bfloat16)
+    layer = (cls or ParoLinear)(s, dtype=torch.bfloat16)
     layer.load_state_dict({
         "qweight": torch.randint(-2**31, 2**31 - 1, (k, n // 8), dtype=torch.int32, generator=gen),
         "qzeros": torch.randint(-2**31, 2**31 - 1, (k // gs, n // 8), dtype=torch.int32, generator=gen),
@@ -144,10 +145,17 @@ def paroquant(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
     return layer
 
 
+def paroquant_int4(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
+    from qlinear.kernels.paro_cpu import ParoCpuLinear
+
+    return paroquant(k, n, gen, ParoCpuLinear)
+
+
 FORMATS: dict[str, Callable[[int, int, torch.Generator], torch.nn.Module]] = {
     "GPTQ 4-bit g128 (AUTO)": gptq, "MLX 4-bit g64": mlx, "MLX 4-bit g64 (AUTO: int4 kernels)": mlx_parts,
     "MLX 8-bit g64 (AUTO: two nibble parts)": mlx8_parts, "VPTQ v8 k65536 (2-bit)": vptq, "EXL3 4-bit": exl3,
-    "EXL2 ~3.9-bit": exl2, "EXL2 ~3.9-bit (AUTO: 4-bit parts)": exl2_parts, "ParoQuant 4-bit g128": paroquant}
+    "EXL2 ~3.9-bit": exl2, "EXL2 ~3.9-bit (AUTO: 4-bit parts)": exl2_parts, "ParoQuant 4-bit g128": paroquant,
+    "ParoQuant 4-bit g128 (AUTO: rotation + int4 kernels)": paroquant_int4}
 
 
 def median_ms(fn: Callable[[], object], reps: int) -> float:

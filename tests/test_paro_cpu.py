@@ -42,6 +42,7 @@ def test_matches_float64_on_every_path(m: int, dtype: torch.dtype) -> None:
     x = torch.randn(m, K, generator=torch.Generator().manual_seed(m)).to(dtype)
     y = fast(x)
     assert y.shape == (m, N) and y.dtype == dtype
+    assert fast.group_matrices(dtype) is not None  # the transform as one batched matmul
     ref = reference(layer, q, x)
     err = float((y.double() - ref).norm() / ref.norm())
     exact = float((layer(x).double() - ref).norm() / ref.norm())  # the exact kernel's own error, same input
