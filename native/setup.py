@@ -1,4 +1,4 @@
-"""Five C extensions, compiled at install time for the installing machine's CPU (-march=native)."""
+"""Six C extensions, compiled at install time for the installing machine's CPU (-march=native)."""
 
 from setuptools import Extension, setup
 
@@ -16,4 +16,5 @@ setup(ext_modules=[Extension("qlinear_native._decode", [SRC + "_decode.c"], extr
                    Extension("qlinear_native._float", [SRC + f for f in ("_float.c", "float8_mv.c", "float8_amx.c")],
                              depends=[SRC + "float8.h", COMMON], **KERNEL),
                    Extension("qlinear_native._lut4", [SRC + f for f in ("_lut4.c", "lut4_mv.c", "lut4_mm.c")],
-                             depends=[SRC + "lut4.h", COMMON], **KERNEL)])
+                             depends=[SRC + "lut4.h", COMMON], **KERNEL),
+                   Extension("qlinear_native._vq", [SRC + "_vq.c"], depends=[COMMON], **KERNEL)])

@@ -71,7 +71,7 @@ def test_gptqmodel_int32_aux_tensors() -> None:
 def test_selection() -> None:
     meta, _ = vptq_cases.make_case("c", **CASES[0])
     s = vptq_cases.scheme(meta)
-    assert select(Problem(s, torch.float16), Target.here("cpu")).kernel is VPTQLinear
+    assert select(Problem(s, torch.float16), Target.fake_cpu()).kernel is VPTQLinear  # VPTQCpuLinear: native extra
     cuda = Target.fake_cuda((9, 0), modules={"triton": True})
     assert select(Problem(s, torch.bfloat16), cuda).kernel is VPTQCudaLinear
     assert select(Problem(s, torch.bfloat16), cuda, BACKEND.VPTQ_TORCH).kernel is VPTQLinear

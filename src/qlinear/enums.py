@@ -127,6 +127,7 @@ class BACKEND(_LenientEnum):
     QQQ_TORCH = "qqq_torch"
     VPTQ_TORCH = "vptq_torch"
     VPTQ_CUDA = "vptq_cuda"
+    VPTQ_CPU = "vptq_cpu"  # qlinear's own: VPTQ codes walked by the native extra on CPU (float32 sums), decode sizes
     PAROQUANT_CUDA = "paroquant_cuda"
     PAROQUANT_TRITON = "paroquant_triton"
     PAROQUANT_CPU = "paroquant_cpu"  # qlinear's own: ParoQuant's rotation, then its AWQ codes on the CPU int4 kernels

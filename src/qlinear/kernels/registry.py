@@ -32,6 +32,7 @@ FAMILIES: tuple[str, ...] = (
     "vllm_marlin",
     "qqq",
     "vptq",
+    "vptq_cpu",
     "mlx_torch",
     "mlx_cpu",
     "mlx_holders",

@@ -103,6 +103,19 @@ class VPTQQuantLinear(StoredTensorsLinear):
         step = math.lcm(p.vector_len, p.outlier_vector_len if p.outlier else 1)
         return max(step, TILE_ELEMENTS // self.in_features // step * step)
 
+    def _outlier_cols(self, dtype: torch.dtype, compute: torch.dtype | None = None) -> torch.Tensor:
+        """The outlier columns ``[N, outlier_size]`` in decoded order, normed, in ``dtype``: the norm in the codebook
+        dtype as the producers apply it (Torch), or in ``compute`` when given."""
+        p, t = self.params, self.tensors()
+        vo, os_ = p.outlier_vector_len, p.outlier_size
+        oi = vptq.as_index(t["outlier_indices"][0])
+        w = t["outlier_centroids.weight"].reshape(-1, vo)[oi].permute(0, 2, 1).reshape(-1, os_)[:self.out_features]
+        if compute is not None:
+            w = w.to(compute)
+        if self._rt_scale is not None:
+            w = w * self._rt_scale[:os_].to(w.dtype) + self._rt_bias[:os_].to(w.dtype)
+        return w.to(dtype)
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, {vptq.describe(self.scheme)}, "
                 f"backend={self.backend.value}")
@@ -191,16 +204,6 @@ class VPTQCudaLinear(VPTQQuantLinear):
         if isinstance(p, vptq.VptqParams) and p.enable_norm and p.norm_dim == 1:
             out.append("norm_dim=1 (per output channel norm, GPTQModel only): VPTQLinear runs it")
         return out
-
-    def _outlier_cols(self, dtype: torch.dtype) -> torch.Tensor:
-        """The outlier columns ``[N, outlier_size]`` in decoded order, normed, in ``dtype`` (exact, Torch)."""
-        p, t = self.params, self.tensors()
-        vo, os_ = p.outlier_vector_len, p.outlier_size
-        oi = vptq.as_index(t["outlier_indices"][0])
-        w = t["outlier_centroids.weight"].reshape(-1, vo)[oi].permute(0, 2, 1).reshape(-1, os_)[:self.out_features]
-        if self._rt_scale is not None:
-            w = w * self._rt_scale[:os_] + self._rt_bias[:os_]
-        return w.to(dtype)
 
 
 KERNELS = (VPTQCudaLinear, VPTQLinear)

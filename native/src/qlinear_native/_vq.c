@@ -1,0 +1,271 @@
+/* VPTQ vector-quantized weights times a few activation rows, on a CPU (qlinear_native._vq).
+ *
+ * Layout (qlinear's layouts/vptq.py): a weight [N, Kmain] is cut along N into J = ceil(N / V) vectors of V rows;
+ * columns are split into G groups of gs columns, each with its own codebook. indices[g][j] is one LSB-first bit
+ * stream of W int32 words holding gs codes of `bits` bits (code t at bit t * bits, possibly straddling two words),
+ * each (res << cbits) | main. Column c = g * gs + t of vector j is cb[g][main] (+ rcb[g][res]), V values.
+ *
+ * vq_mv computes y[m][j * V + v] = sum_c x[m][c] * (cb[g][main] + rcb[g][res])[v] over main columns c < kmain,
+ * in float32: codebook values converted exactly from float16 / bfloat16 / float32, codebook and residual added in
+ * float32, products and sums in float32 (no per-operation rounding to the codebook dtype: the producers' decode
+ * rounds there; the caller's tests bound the difference). x is float32 [M, ldx] (the caller applies the
+ * permutation and the per-column norm scale); y is float32 [M, ldy], ldy >= J * V. Each thread takes whole
+ * vectors in a fixed order, so results do not depend on the thread count.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu_common.h"
+
+#define VQ_MAX_M 8
+#define VQ_MAX_V 32
+
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#define VQ_AVX2 1
+#else
+#define VQ_AVX2 0
+#endif
+
+enum { VQ_F16 = 0, VQ_BF16 = 1, VQ_F32 = 2 };
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 31u, man = h & 0x3FFu, u;
+    if (exp == 31)
+        u = sign | 0x7F800000u | (man << 13);
+    else if (exp)
+        u = sign | ((exp + 112u) << 23) | (man << 13);
+    else if (!man)
+        u = sign;
+    else { /* subnormal: normalise */
+        int e = -1;
+        do {
+            man <<= 1;
+            e++;
+        } while (!(man & 0x400u));
+        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3FFu) << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* V values of entry `row` of a codebook of dtype dt, as float32 (exact). */
+static inline void load_entry(const void *cb, int dt, int64_t row, int v, float *out) {
+    const int64_t off = row * v;
+    if (dt == VQ_F32) {
+        memcpy(out, (const float *)cb + off, (size_t)v * 4);
+    } else if (dt == VQ_BF16) {
+        const uint16_t *p = (const uint16_t *)cb + off;
+        for (int i = 0; i < v; i++) {
+            uint32_t u = (uint32_t)p[i] << 16;
+            memcpy(out + i, &u, 4);
+        }
+    } else {
+        const uint16_t *p = (const uint16_t *)cb + off;
+        for (int i = 0; i < v; i++)
+            out[i] = f16_to_f32(p[i]);
+    }
+}
+
+/* Code t of a stream of w words. */
+static inline uint32_t code_at(const uint32_t *s, int64_t w, int64_t t, int bits, uint32_t mask) {
+    const int64_t bit = t * bits, word = bit >> 5;
+    uint64_t u = s[word];
+    if (word + 1 < w)
+        u |= (uint64_t)s[word + 1] << 32;
+    return (uint32_t)(u >> (bit & 31)) & mask;
+}
+
+typedef struct {
+    const uint32_t *idx;
+    const void *cb, *rcb;
+    const float *x;
+    float *y;
+    int64_t m, g, j, w, gs, kmain, ldx, ldy;
+    int v, cbits, rbits, dt, threads;
+} vq_call;
+
+#if VQ_AVX2
+/* V == 8, float16 codebooks: one F16C conversion per entry, one FMA per row. */
+static void vector8_f16(const vq_call *c, int64_t j) {
+    __m256 acc[VQ_MAX_M];
+    const int bits = c->cbits + c->rbits;
+    const uint32_t mask = bits >= 32 ? 0xFFFFFFFFu : (1u << bits) - 1u, cmask = (1u << c->cbits) - 1u;
+    const int64_t ccount = (int64_t)1 << c->cbits, rcount = c->rbits ? (int64_t)1 << c->rbits : 0;
+    for (int64_t m = 0; m < c->m; m++)
+        acc[m] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < c->g; g++) {
+        const uint32_t *s = c->idx + (g * c->j + j) * c->w;
+        const uint16_t *cbg = (const uint16_t *)c->cb + g * ccount * 8;
+        const uint16_t *rcbg = c->rcb ? (const uint16_t *)c->rcb + g * rcount * 8 : NULL;
+        const int64_t c0 = g * c->gs, tmax = c->kmain - c0 < c->gs ? c->kmain - c0 : c->gs;
+        const uint16_t *s16 = (const uint16_t *)s; /* 16-bit codes (k65536 alone): halfword t, little-endian */
+        for (int64_t t = 0; t < tmax; t++) {
+            const uint32_t code = bits == 16 ? s16[t] : code_at(s, c->w, t, bits, mask);
+            __m256 e = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cbg + (int64_t)(code & cmask) * 8)));
+            if (rcbg)
+                e = _mm256_add_ps(e, _mm256_cvtph_ps(
+                                         _mm_loadu_si128((const __m128i *)(rcbg + (int64_t)(code >> c->cbits) * 8))));
+            for (int64_t m = 0; m < c->m; m++)
+                acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(c->x[m * c->ldx + c0 + t]), e, acc[m]);
+        }
+    }
+    for (int64_t m = 0; m < c->m; m++)
+        _mm256_storeu_ps(c->y + m * c->ldy + j * 8, acc[m]);
+}
+/* V == 8, float16 codebooks, one or two rows: four sets of sums taking turns over the codes, so consecutive FMAs
+ * do not wait on each other (one chain of 4-cycle FMAs bounded the one-row kernel). */
+static void vector8_f16_few(const vq_call *c, int64_t j) {
+    __m256 acc[4][2];
+    const int bits = c->cbits + c->rbits;
+    const uint32_t mask = bits >= 32 ? 0xFFFFFFFFu : (1u << bits) - 1u, cmask = (1u << c->cbits) - 1u;
+    const int64_t ccount = (int64_t)1 << c->cbits, rcount = c->rbits ? (int64_t)1 << c->rbits : 0;
+    for (int u = 0; u < 4; u++)
+        acc[u][0] = acc[u][1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < c->g; g++) {
+        const uint32_t *s = c->idx + (g * c->j + j) * c->w;
+        const uint16_t *s16 = (const uint16_t *)s;
+        const uint16_t *cbg = (const uint16_t *)c->cb + g * ccount * 8;
+        const uint16_t *rcbg = c->rcb ? (const uint16_t *)c->rcb + g * rcount * 8 : NULL;
+        const int64_t c0 = g * c->gs, tmax = c->kmain - c0 < c->gs ? c->kmain - c0 : c->gs;
+        const float *x0 = c->x + c0, *x1 = c->x + c->ldx + c0;
+        for (int64_t t0 = 0; t0 < tmax; t0 += 4) {
+            for (int u = 0; u < 4 && t0 + u < tmax; u++) {
+                const int64_t t = t0 + u;
+                const uint32_t code = bits == 16 ? s16[t] : code_at(s, c->w, t, bits, mask);
+                __m256 e = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cbg + (int64_t)(code & cmask) * 8)));
+                if (rcbg)
+                    e = _mm256_add_ps(e, _mm256_cvtph_ps(_mm_loadu_si128(
+                                             (const __m128i *)(rcbg + (int64_t)(code >> c->cbits) * 8))));
+                acc[u][0] = _mm256_fmadd_ps(_mm256_set1_ps(x0[t]), e, acc[u][0]);
+                if (c->m == 2)
+                    acc[u][1] = _mm256_fmadd_ps(_mm256_set1_ps(x1[t]), e, acc[u][1]);
+            }
+        }
+    }
+    for (int64_t m = 0; m < c->m; m++)
+        _mm256_storeu_ps(c->y + m * c->ldy + j * 8, _mm256_add_ps(_mm256_add_ps(acc[0][m], acc[1][m]),
+                                                                  _mm256_add_ps(acc[2][m], acc[3][m])));
+}
+#endif
+
+
+/* Any V <= VQ_MAX_V and codebook dtype: scalar loops the compiler may vectorise. */
+static void vector_any(const vq_call *c, int64_t j) {
+    float acc[VQ_MAX_M][VQ_MAX_V], e[VQ_MAX_V], r[VQ_MAX_V];
+    const int v = c->v, bits = c->cbits + c->rbits;
+    const uint32_t mask = bits >= 32 ? 0xFFFFFFFFu : (1u << bits) - 1u, cmask = (1u << c->cbits) - 1u;
+    const int64_t ccount = (int64_t)1 << c->cbits, rcount = c->rbits ? (int64_t)1 << c->rbits : 0;
+    memset(acc, 0, sizeof(acc));
+    for (int64_t g = 0; g < c->g; g++) {
+        const uint32_t *s = c->idx + (g * c->j + j) * c->w;
+        const int64_t c0 = g * c->gs, tmax = c->kmain - c0 < c->gs ? c->kmain - c0 : c->gs;
+        for (int64_t t = 0; t < tmax; t++) {
+            const uint32_t code = code_at(s, c->w, t, bits, mask);
+            load_entry(c->cb, c->dt, g * ccount + (code & cmask), v, e);
+            if (c->rcb) {
+                load_entry(c->rcb, c->dt, g * rcount + (code >> c->cbits), v, r);
+                for (int i = 0; i < v; i++)
+                    e[i] += r[i];
+            }
+            for (int64_t m = 0; m < c->m; m++) {
+                const float xv = c->x[m * c->ldx + c0 + t];
+                for (int i = 0; i < v; i++)
+                    acc[m][i] += xv * e[i];
+            }
+        }
+    }
+    for (int64_t m = 0; m < c->m; m++)
+        memcpy(c->y + m * c->ldy + j * v, acc[m], (size_t)v * 4);
+}
+
+static void run(const vq_call *c) {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(ql_threads(c->threads, c->j))
+#endif
+    {
+        int64_t lo, hi;
+        ql_thread_share(c->j, &lo, &hi);
+        for (int64_t j = lo; j < hi; j++) {
+#if VQ_AVX2
+            if (c->v == 8 && c->dt == VQ_F16) {
+                if (c->m <= 2)
+                    vector8_f16_few(c, j);
+                else
+                    vector8_f16(c, j);
+                continue;
+            }
+#endif
+            vector_any(c, j);
+        }
+    }
+}
+
+static PyObject *vq_mv(PyObject *self, PyObject *args) {
+    unsigned long long idx, cb, rcb, x, y;
+    long long m, g, j, w, gs, kmain, ldx, ldy;
+    int v, cbits, rbits, threads;
+    const char *dtype;
+    vq_call c;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKKKKLLLLLLLLiiisi", &idx, &cb, &rcb, &x, &y, &m, &g, &j, &w, &gs, &kmain, &ldx,
+                          &ldy, &v, &cbits, &rbits, &dtype, &threads))
+        return NULL;
+    if (!strcmp(dtype, "float16"))
+        c.dt = VQ_F16;
+    else if (!strcmp(dtype, "bfloat16"))
+        c.dt = VQ_BF16;
+    else if (!strcmp(dtype, "float32"))
+        c.dt = VQ_F32;
+    else {
+        PyErr_Format(PyExc_ValueError, "vq_mv: expected codebook dtype 'float16', 'bfloat16' or 'float32', got '%s'",
+                     dtype);
+        return NULL;
+    }
+    if (!idx || !cb || !x || !y || (rbits && !rcb)) {
+        PyErr_SetString(PyExc_ValueError, "vq_mv: expected non-null indices, codebook, x and y (and residual "
+                                          "codebook when rbits > 0)");
+        return NULL;
+    }
+    if (m < 1 || m > VQ_MAX_M || v < 1 || v > VQ_MAX_V || g < 1 || j < 1 || gs < 1 || kmain < 1 ||
+        kmain > g * gs || cbits < 1 || cbits > 24 || rbits < 0 || rbits > 24 || cbits + rbits > 32 ||
+        w * 32 < gs * (cbits + rbits) || ldx < kmain || ldy < j * v || threads < 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "vq_mv: expected 1 <= M <= %d, 1 <= V <= %d, G, J, gs >= 1, 1 <= Kmain <= G * gs, codebook bits "
+                     "1..24 (+ residual 0..24, at most 32), W * 32 >= gs * bits, ldx >= Kmain, ldy >= J * V, "
+                     "threads >= 1; got M=%lld V=%d G=%lld J=%lld gs=%lld Kmain=%lld bits=%d+%d W=%lld ldx=%lld "
+                     "ldy=%lld threads=%d",
+                     VQ_MAX_M, VQ_MAX_V, m, v, g, j, gs, kmain, cbits, rbits, w, ldx, ldy, threads);
+        return NULL;
+    }
+    c.idx = (const uint32_t *)(uintptr_t)idx;
+    c.cb = (const void *)(uintptr_t)cb;
+    c.rcb = rbits ? (const void *)(uintptr_t)rcb : NULL;
+    c.x = (const float *)(uintptr_t)x;
+    c.y = (float *)(uintptr_t)y;
+    c.m = m, c.g = g, c.j = j, c.w = w, c.gs = gs, c.kmain = kmain, c.ldx = ldx, c.ldy = ldy;
+    c.v = v, c.cbits = cbits, c.rbits = rbits, c.threads = threads;
+    Py_BEGIN_ALLOW_THREADS
+    run(&c);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *max_m(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyLong_FromLong(VQ_MAX_M);
+}
+
+static PyMethodDef METHODS[] = {
+    {"vq_mv", vq_mv, METH_VARARGS,
+     "vq_mv(indices, codebook, residual, x, y, M, G, J, W, gs, Kmain, ldx, ldy, V, cbits, rbits, dtype, threads): "
+     "y[M, J*V] (float32) = x[M, Kmain] (float32) times the VPTQ weight; pointers as integers"},
+    {"max_m", max_m, METH_NOARGS, "the most activation rows one vq_mv call takes"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_vq", NULL, -1, METHODS, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__vq(void) { return PyModule_Create(&MODULE); }

@@ -1,0 +1,136 @@
+"""``VPTQCpuLinear``: VPTQ layers on CPU through qlinear's native extra (``qlinear_native._vq``), for decode sizes.
+
+``VPTQLinear`` decodes every weight in every forward, one rounding per operation in the codebook dtype as the
+producers do (408 ms for a 2-bit 4096x14336 layer at M=1 on one thread, 39x dense bf16: ``docs/performance.md``).
+Here, for up to ``MV_MAX_M`` rows, ``vq_mv`` (``native/src/qlinear_native/_vq.c``) walks the packed codes once and
+adds each code's codebook vector (and residual vector) times the activation into float32 sums held in registers:
+the weight is never formed. The per-column norm is folded into the activations (``x s``) and a sum (``x . b``),
+the permutation into one gather of x; outlier columns (a few percent of K) are decoded by torch and multiplied in
+beside it. The arithmetic is float32 throughout, without the producers' roundings to the codebook dtype, so the
+result is nearer the exact product than theirs (``tests/test_vptq_cpu.py`` bounds both against float64). Above
+``MV_MAX_M`` rows the layer runs ``VPTQLinear``'s exact tiles.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import torch
+
+from ..caps import Caps, Problem
+from ..enums import BACKEND, DEVICE, FORMAT
+from ..layouts import vptq
+from ..target import Target
+from .planned.other import VPTQLinear as _Declared
+from .vptq import VPTQLinear
+
+NATIVE = "qlinear_native._vq"
+INSTALL = "./native (qlinear's native extra, built for this CPU)"
+#: Rows up to which ``vq_mv`` runs (it re-reads the codes per call of at most 8 rows; above, the exact tiles):
+#: measured one thread, 2-bit v8 k65536 4096x14336 (``benchmarks/cpu_formats.py``,
+#: ``results/cpu_formats-vptq-2026-12-07.md``).
+MV_MAX_M = 96
+
+
+def native() -> ModuleType:
+    """``qlinear_native._vq`` (raises ImportError naming the install command when the extra is missing)."""
+    try:
+        return importlib.import_module(NATIVE)
+    except ImportError as err:
+        raise ImportError(f"VPTQCpuLinear needs qlinear's native extra: pip install {INSTALL}") from err
+
+
+def main_product(xm: torch.Tensor, indices: torch.Tensor, cb: torch.Tensor, rcb: torch.Tensor | None,
+                 p: vptq.VptqParams, n: int) -> torch.Tensor:
+    """``xm [M, Kmain]`` float32 (decoded-column order, outliers removed, norm scale folded in) times the main
+    weight: float32 ``[M, N]``, ``vq_mv`` once per 8 rows."""
+    mod = native()
+    m, kmain = xm.shape
+    g, j, w = indices.shape
+    v = p.vector_len
+    y = torch.empty(m, j * v, dtype=torch.float32)
+    xm = xm.contiguous()
+    idx, cbc = indices.contiguous(), cb.contiguous()
+    res = rcb.contiguous() if rcb is not None else None
+    dtype = str(cb.dtype).removeprefix("torch.")
+    step = mod.max_m()
+    for m0 in range(0, m, step):
+        rows = min(step, m - m0)
+        mod.vq_mv(idx.data_ptr(), cbc.data_ptr(), res.data_ptr() if res is not None else 0,
+                  xm[m0:].data_ptr(), y[m0:].data_ptr(), rows, g, j, w, p.group_size, kmain, kmain, j * v, v,
+                  p.index_bits, p.total_bits - p.index_bits, dtype, torch.get_num_threads())
+    return y[:, :n]
+
+
+class VPTQCpuLinear(VPTQLinear):
+    """VPTQ on CPU: the packed codes walked once per call by the native extra, codebook vectors summed in float32
+    (up to ``MV_MAX_M`` rows; above, ``VPTQLinear``'s exact tiles)."""
+
+    backend = BACKEND.VPTQ_CPU
+    caps = Caps(
+        formats={FORMAT.VPTQ: 110},
+        bits=_Declared.caps.bits,
+        group_sizes=_Declared.caps.group_sizes,
+        desc_act=_Declared.caps.desc_act,
+        sym=_Declared.caps.sym,
+        devices=frozenset({DEVICE.CPU}),
+        dtypes=_Declared.caps.dtypes,
+        pack_dtypes=_Declared.caps.pack_dtypes,
+        requires_modules={NATIVE: INSTALL},
+    )
+
+    @classmethod
+    def auto_reasons(cls, problem: Problem, target: Target) -> list[str]:
+        if problem.dtype == torch.float32:
+            return ["sums without the producers' roundings to the codebook dtype: AUTO keeps float32 layers on "
+                    "VPTQLinear, which reproduces them (name this backend to accept float32 sums)"]
+        return []
+
+    @classmethod
+    def runtime_reasons(cls, problem: Problem, target: Target) -> list[str]:
+        out = super().runtime_reasons(problem, target)
+        p = problem.scheme.layout_params
+        if isinstance(p, vptq.VptqParams) and p.vector_len > 32:
+            out.append(f"vector_len {p.vector_len} (the native kernel takes up to 32)")
+        return out
+
+    @classmethod
+    def describe_runs(cls, problem: Problem, target: Target) -> str:
+        s = problem.scheme
+        what = vptq.describe(s) if isinstance(s.layout_params, vptq.VptqParams) else "VPTQ"
+        return (f"{what}: up to M={MV_MAX_M}, the packed codes walked once per call by the native extra (vq_mv: "
+                "codebook vectors times x summed in float32, the norm folded into x, outlier columns by torch); "
+                "above, exact row tiles as VPTQLinear")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x, "cpu")
+        self.ensure_prepared()
+        x2 = x.reshape(-1, self.in_features)
+        if x2.shape[0] > MV_MAX_M or (torch.is_grad_enabled() and x2.requires_grad):
+            return super().forward(x)  # the exact tiles (and the only path with a backward)
+        return self.product(x2).reshape(*x.shape[:-1], self.out_features)
+
+    def product(self, x2: torch.Tensor) -> torch.Tensor:
+        """``x2 [M, K] @ W.T + bias`` through ``vq_mv``, in ``x2``'s dtype."""
+        p, n, t = self.params, self.out_features, self.tensors()
+        xp = (x2 if self._rt_perm is None else x2[:, self._rt_perm]).float()
+        os_ = p.outlier_size if p.outlier else 0
+        xm = xp[:, os_:]
+        extra = None
+        if self._rt_scale is not None:  # norm per input column: sum_k x (w s + b) = sum_k (x s) w + x . b
+            extra = xm @ self._rt_bias[os_:].float()
+            xm = xm * self._rt_scale[os_:].float()
+        y = main_product(xm, t["indices"], t["centroids.weight"], t.get("res_centroids.weight"), p, n)
+        if extra is not None:
+            y += extra[:, None]
+        if os_:
+            y += xp[:, :os_] @ self._outlier_cols(torch.float32, compute=torch.float32).t()
+        if p.enable_norm and p.norm_dim == 1:  # norm per output row: w s + b
+            y = y * t["weight_scale"].float() + xp.sum(1, keepdim=True) * t["weight_bias"].float()
+        if self.bias is not None:
+            y += self.bias.float()
+        return y.to(x2.dtype)
+
+
+KERNELS = (VPTQCpuLinear,)

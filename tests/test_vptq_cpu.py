@@ -1,0 +1,93 @@
+"""``VPTQCpuLinear`` (``kernels/vptq_cpu.py``, the native extra's ``vq_mv``) against float64.
+
+The reference is ``tests/oracle/vptq_numpy.py``'s decode of the same codes with its per-operation roundings taken
+to float32 instead of the codebook dtype (``vq_mv`` sums in float32 without the producers' roundings), times x in
+float64; the producers' own rounding is bounded separately against ``VPTQLinear``. Cases: residual codebooks,
+outlier columns, permutation, both norms, bias, float16 and bfloat16 codebooks, several row counts (M above
+``MV_MAX_M`` runs the exact tiles). Skipped without the native extra (``pip install ./native``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from qlinear.caps import Problem
+from qlinear.kernels import vptq_cpu
+from qlinear.kernels.vptq import VPTQLinear
+from qlinear.kernels.vptq_cpu import VPTQCpuLinear
+from qlinear.layouts import vptq
+from qlinear.select import explain, select
+from qlinear.target import Target
+from tests import vptq_cases
+from tests.oracle import vptq_numpy
+from tests.test_vptq_kernels import CASES
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("qlinear_native") is None
+                                or importlib.util.find_spec(vptq_cpu.NATIVE) is None,
+                                reason=f"the native extra is not installed: pip install {vptq_cpu.INSTALL}")
+
+MORE = [dict(k=256, n=64, v=8, c=256, r=16, gs=128, perm=True, norm=True, bias=True, m=9, seed=7),  # the V=8 path
+        dict(k=200, n=30, v=8, c=1024, gs=64, seed=8, dtype=torch.bfloat16, m=9)]  # a padded last group
+
+
+def build(kw: dict, x_dtype: torch.dtype):
+    meta, t = vptq_cases.make_case("c", **kw)
+    packed = vptq.pack_indices(t["idx"], t.get("res"), vptq_cases.params(meta))
+    state = vptq_cases.checkpoint_tensors(meta, t, packed) | ({"bias": t["bias"]} if "bias" in t else {})
+    fast = VPTQCpuLinear(vptq_cases.scheme(meta), bias="bias" in t, dtype=x_dtype)
+    fast.load_state_dict(state, strict=True)
+    exact = VPTQLinear(vptq_cases.scheme(meta), bias="bias" in t, dtype=x_dtype)
+    exact.load_state_dict(state, strict=True)
+    w32 = vptq_numpy.dequantize(meta | {"dtype": "float32"}, {k: v.double().numpy() for k, v in t.items()},
+                                packed.numpy())
+    return meta, t, fast, exact, torch.from_numpy(w32)
+
+
+@pytest.mark.parametrize("kw", CASES + MORE)
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_matches_float64(kw: dict, x_dtype: torch.dtype) -> None:
+    meta, t, fast, exact, w = build(kw, x_dtype)
+    bias = t["bias"].double() if "bias" in t else 0
+    for m in (1, 3, vptq_cpu.MV_MAX_M):
+        x = torch.randn(m, meta["K"], generator=torch.Generator().manual_seed(m)).to(x_dtype)
+        y = fast(x)
+        assert y.dtype == x_dtype and y.shape == (m, meta["N"])
+        ref = x.double() @ w.t() + bias
+        eps = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 2e-6}[x_dtype]
+        err = float((y.double() - ref).abs().max() / ref.abs().max())
+        assert err < eps, (m, err)
+        # the producers round each operation to the codebook dtype: VPTQLinear differs from ours by that much
+        diff = float((exact(x).double() - y.double()).abs().max() / ref.abs().max())
+        assert diff < 2e-2, (m, diff)
+
+
+def test_more_rows_than_the_native_kernel_take_run_the_exact_tiles() -> None:
+    meta, _, fast, exact, _ = build(MORE[0], torch.bfloat16)
+    x = torch.randn(vptq_cpu.MV_MAX_M + 1, meta["K"]).bfloat16()
+    assert torch.equal(fast(x), exact(x))
+
+
+def test_selected_on_cpu_with_the_native_extra_and_refused_without() -> None:
+    meta, _ = vptq_cases.make_case("c", **CASES[0])
+    s = vptq_cases.scheme(meta)
+    assert select(Problem(s, torch.bfloat16), Target.fake_cpu(modules={vptq_cpu.NATIVE: True})).kernel is VPTQCpuLinear
+    native = Target.fake_cpu(modules={vptq_cpu.NATIVE: True})
+    assert select(Problem(s, torch.float32), native).kernel is VPTQLinear  # AUTO: the producers' roundings
+    assert select(Problem(s, torch.float32), native, "vptq_cpu").kernel is VPTQCpuLinear  # named: float32 sums
+    without = Target.fake_cpu(modules={})
+    assert select(Problem(s, torch.bfloat16), without).kernel is VPTQLinear
+    verdict = next(v for v in explain(Problem(s, torch.bfloat16), without).verdicts if v.kernel is VPTQCpuLinear)
+    assert any("pip install ./native" in r for r in verdict.reasons)
+
+
+def test_bad_input_is_named() -> None:
+    meta, _, fast, _, _ = build(CASES[0], torch.float16)
+    with pytest.raises(ValueError, match="in_features|last dimension"):
+        fast(torch.randn(1, meta["K"] + 1).half())
+    p = vptq_cases.params(meta)  # 3 groups of 32 codes of 10 bits: 10 words a vector
+    with pytest.raises(ValueError, match=r"W \* 32 >= gs \* bits.*W=2"):
+        vptq_cpu.main_product(torch.randn(2, meta["K"]), torch.zeros(3, 5, 2, dtype=torch.int32),
+                              torch.zeros(3, 64 * 8).half(), torch.zeros(3, 16 * 8).half(), p, meta["N"])
