@@ -10,9 +10,10 @@ decode there; for EXL2 the same decode on both devices) and against ``x @ W^T`` 
 (``gpu_linear.timed``/``copies``): a CUDA graph calling the layer once per weight copy (copies together over 4x L2),
 replayed ``--reps`` times, median per call; activations bfloat16. EXL2 layers hold 3.9 bits per weight on average
 (4.0 with the scales): 8/6/5/4/3-bit groups of 32 rows, widest first as exllamav2 orders them. Their time includes
-decoding the whole weight in column tiles on every call. ``Exl2TritonLinear`` is timed as a forward runs it (its
-default) and, at M <= 16, with every segment in one launch (``variant="exl2_tc"``, ``triton/exl2_tc.py``), and the
-checks run both. ``--sweep`` adds the one-launch kernel's split and step sizes at M = 1, 4, 16 on the first shape.
+decoding the whole weight in column tiles on every call. ``Exl2TritonLinear`` is timed as a forward runs it (at
+M <= ``ONE_LAUNCH_MAX_M`` every segment in one launch, ``triton/exl2_tc.py``) and, at M <= 16, one segment at a time
+(``variant="gemv_tc"``); the checks run the one launch at M = 1..16. ``--sweep`` adds the one-launch kernel's split
+and step sizes at M = 1, 4, 16 on the first shape.
 ``$OUT`` (a directory), when set, receives the report as ``gpu_exl2.md``.
 """
 
@@ -143,9 +144,9 @@ def timing(args: argparse.Namespace) -> None:
     from qlinear.kernels.exllamav2 import ExllamaV2Linear
 
     say("## Timing: bf16 F.linear (cuBLAS) vs ExllamaV2Linear act-order (Triton route), Exl2TritonLinear (its forward; "
-        "and one launch, exl2_tc, at M <= 16) and Exl2TorchLinear (us per call; ratio = time / bf16)")
+        "and one segment at a time, gemv_tc each, at M <= 16) and Exl2TorchLinear (us per call; ratio = time / bf16)")
     say()
-    say("| K x N | M | bf16 | ExllamaV2Linear g128 | ratio | Exl2TritonLinear 3.9b | ratio | one launch | ratio "
+    say("| K x N | M | bf16 | ExllamaV2Linear g128 | ratio | Exl2TritonLinear 3.9b | ratio | per segment | ratio "
         "| Exl2TorchLinear 3.9b | ratio |")
     say("|---|---|---|---|---|---|---|---|---|---|---|")
     gen = torch.Generator().manual_seed(1)
@@ -157,7 +158,7 @@ def timing(args: argparse.Namespace) -> None:
         base_xt = exl2_layer(k, n, gen, Exl2TritonLinear).to(DEV)
         v2 = [base_v2.to(DEV)] + [_clone(base_v2) for _ in range(copies(n * k // 2) - 1)]
         xt = [base_xt] + [_clone(base_xt) for _ in range(copies(n * k // 2) - 1)]
-        one = [Forced(layer, "exl2_tc") for layer in xt]
+        one = [Forced(layer, "gemv_tc") for layer in xt]  # one segment at a time
         x2 = [base_x2.to(DEV), _clone(base_x2)]  # decode-bound: two copies, few replays
         for m in args.ms:
             x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=ggen)

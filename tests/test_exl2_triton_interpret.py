@@ -158,10 +158,8 @@ def test_forward_reshapes_and_explains_its_segments() -> None:
     why = lay.explain_call(6, "cpu")
     assert why.count("segment rows") == 3 and "8-bit words" in why and "2-bit words" in why
     assert "not one launch: M = 20 rows" in lay.explain_call(20, "cpu")
-    from qlinear.kernels import exl2_triton
-
-    one = exl2_triton.ONE_LAUNCH_BY_DEFAULT
-    assert ("one launch (exl2_tc)" if one else "variant='exl2_tc'") in lay.explain_call(1, "cpu").splitlines()[0]
+    assert lay.explain_call(1, "cpu").startswith("one launch (exl2_tc)")
+    assert "above ONE_LAUNCH_MAX_M" in lay.explain_call(12, "cpu").splitlines()[0]
     with pytest.raises(ValueError, match="in_features"):
         lay(torch.randn(1, p.in_features + 1).half())
     with pytest.raises(ValueError, match="dtype"):
@@ -231,19 +229,25 @@ def test_x_plan_places_each_segments_sorted_rows_at_an_even_column() -> None:
         assert torch.equal(got, want)
 
 
-def test_the_default_takes_one_launch_when_switched_on(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_default_takes_one_launch_up_to_its_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     from qlinear.kernels import exl2_triton
+    from qlinear.kernels.triton import qmm
 
     lay, t, w = built(PARAMS[0], 14)
-    monkeypatch.setattr(exl2_triton, "ONE_LAUNCH_BY_DEFAULT", True)
     cfg = lay.fused_config(1, torch.device("cpu"))
     assert cfg is not None and cfg.variant == "gemv_tc"
-    assert lay.explain_call(1, "cpu").startswith("one launch (exl2_tc)")
+    assert (cfg.split_k, cfg.block_k, cfg.prefetch) == tuple(exl2_triton.ONE_LAUNCH_STEP.values())
     assert lay.fused_config(1, torch.device("cpu"), variant="gemv") is None  # another variant asked for
-    x = torch.randn(1, PARAMS[0].in_features, generator=torch.Generator().manual_seed(2)).half()
+    assert lay.fused_config(exl2_triton.ONE_LAUNCH_MAX_M + 1, torch.device("cpu")) is None
+    assert lay.fused_config(exl2_triton.ONE_LAUNCH_MAX_M + 1, torch.device("cpu"), variant="exl2_tc") is not None
+
+    def no_segment_launch(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a segment ran on its own")
+
+    monkeypatch.setattr(qmm, "qmm", no_segment_launch)
+    x = torch.randn(2, PARAMS[0].in_features, generator=torch.Generator().manual_seed(2)).half()
     ref = x.double().numpy() @ w + t["bias"].double().numpy()
     err = float(np.linalg.norm(lay(x).double().numpy() - ref) / np.linalg.norm(ref))
     assert err < TOL[torch.float16]
-    monkeypatch.setattr(exl2_triton, "ONE_LAUNCH_BY_DEFAULT", False)
+    monkeypatch.setattr(exl2_triton, "ONE_LAUNCH_MAX_M", 0)  # off: the segments one by one
     assert lay.fused_config(1, torch.device("cpu")) is None
-    assert lay.fused_config(1, torch.device("cpu"), variant="exl2_tc") is not None

@@ -3,10 +3,10 @@
 ``Exl2TorchLinear`` decodes the whole weight with torch in every forward (4.4 ms for 4096x14336 on an H100, 100x
 bf16). Here ``prepare()`` re-lays the groups as at most three GPTQ layouts (``exl2_runtime``: 8, 4 and 2-bit
 words, one per run of widths) and drops ``q_weight``: the layouts keep every code, and the file's words are
-rebuilt from them when saved or decoded. Where the widest segment's variant for M rows is ``gemv_tc`` (decode,
-M <= 16), one launch gathers every segment's input rows and one ``triton/exl2_tc.py`` launch runs all segments,
-their sum being its split-K sum; otherwise each segment gathers its rows, runs the variant M picks for it, and the
-products are summed.
+rebuilt from them when saved or decoded. Where the widest segment's variant for M rows is ``gemv_tc`` and M <=
+``ONE_LAUNCH_MAX_M`` (decode), one launch gathers every segment's input rows and one ``triton/exl2_tc.py`` launch
+runs all segments, their sum being its split-K sum; otherwise each segment gathers its rows, runs the variant M
+picks for it, and the products are summed.
 """
 
 from __future__ import annotations
@@ -25,9 +25,13 @@ from .exl2_replaced import Exl2ReplacedWeight
 from .triton.runtime import interpreting
 from .triton_gptq import device_facts, fitted_config, triton_version_reasons, unfit_variants
 
-#: Whether a forward takes the one-launch path unasked where it applies (``fused_config``); ``variant="exl2_tc"``
-#: always may. Off until the kernel has run on a GPU beside the per-segment path (docs/performance.md, EXL2).
-ONE_LAUNCH_BY_DEFAULT = False
+#: Rows up to which a forward takes the one-launch path unasked (``fused_config``; ``variant="exl2_tc"`` always may,
+#: to 16 rows). Measured on an H100, 4096x14336 at 3.9 bits (``results/h100-gpu-exl2-one-launch-2026-12-07.md``):
+#: M = 1 23.4 us against 30.1 one segment at a time (bf16 43.3), M = 4 24.1; M = 16 40.4 at best against 40.5.
+ONE_LAUNCH_MAX_M = 8
+#: The one launch's split (``split_k`` x segments, shared by bytes), step and prefetch: the same run's best at M = 1
+#: and 4 among split_k 2/4/8/16, block_k 64/128/256, prefetch off/on (the gemv_tc table's own picks took 27.9 us).
+ONE_LAUNCH_STEP = {"split_k": 4, "block_k": 64, "prefetch": True}
 
 #: the per-segment runtime tensors (constant zeros: no zero tensor; no offsets or super-scales)
 SEGMENT_TENSORS = ("qweight", "scales", "perm", "xorder")
@@ -161,8 +165,8 @@ class Exl2TritonLinear(Exl2ReplacedWeight):
                      "segments shared by bytes; the per-segment variants below run otherwise"]
         else:
             why = exl2_tc.fused_reasons(self.packs(), m, self.dtype, device) or (
-                ["the widest segment's variant for this M is not gemv_tc"] if ONE_LAUNCH_BY_DEFAULT else
-                ["it runs when asked for (variant='exl2_tc'), not by default until measured on a GPU"])
+                [f"M = {m} above ONE_LAUNCH_MAX_M = {ONE_LAUNCH_MAX_M} (measured no faster there)"]
+                if m > ONE_LAUNCH_MAX_M else ["the widest segment's variant for this M is not gemv_tc"])
             lines = ["segments one by one (not one launch: " + "; ".join(why) + ")"]
         for seg, pk in zip(exl2_runtime.segments(p), self.packs()):
             widths = sorted(set(p.group_bits[seg.first:seg.first + seg.count]), reverse=True)
@@ -173,20 +177,22 @@ class Exl2TritonLinear(Exl2ReplacedWeight):
         return "\n".join(lines)
 
     def fused_config(self, m: int, device: torch.device, variant: str | None = None, config: Any = None) -> Any:
-        """The one-launch config for M rows (the widest segment's ``gemv_tc`` config), or None where the segments
-        run one by one: another variant asked for, no variant and ``ONE_LAUNCH_BY_DEFAULT`` off, the widest segment's
-        variant not ``gemv_tc`` (unless ``variant == "exl2_tc"``), or ``exl2_tc.fused_reasons`` names a reason."""
+        """The one-launch config for M rows (the widest segment's ``gemv_tc`` config with ``ONE_LAUNCH_STEP``), or
+        None where the segments run one by one: another variant asked for, no variant and M above
+        ``ONE_LAUNCH_MAX_M`` or the widest segment's variant not ``gemv_tc``, or ``exl2_tc.fused_reasons``."""
+        import dataclasses
+
         from .triton import exl2_tc
 
-        if variant not in (None, "exl2_tc") or (variant is None and not ONE_LAUNCH_BY_DEFAULT):
+        if variant not in (None, "exl2_tc") or (variant is None and m > ONE_LAUNCH_MAX_M):
             return None
         if exl2_tc.fused_reasons(self.packs(), m, self.dtype, device):
             return None
-        widest = max(self.packs(), key=lambda pk: pk.qweight.numel())
         if config is not None:
             return config if variant == "exl2_tc" else None
+        widest = max(self.packs(), key=lambda pk: pk.qweight.numel())
         cfg = fitted_config(widest, m, self.dtype, device, "gemv_tc" if variant == "exl2_tc" else None)
-        return cfg if cfg.variant == "gemv_tc" else None
+        return dataclasses.replace(cfg, **ONE_LAUNCH_STEP) if cfg.variant == "gemv_tc" else None
 
     def matmul(self, x2: torch.Tensor, variant: str | None = None, config: Any = None) -> torch.Tensor:
         """``x2 [M, K] @ W^T + bias``: every segment in one launch (``fused_config``), or each segment's rows
