@@ -28,7 +28,8 @@ from .triton_gptq import device_facts, fitted_config, triton_version_reasons, un
 #: Rows up to which a forward takes the one-launch path unasked (``fused_config``; ``variant="exl2_tc"`` always may,
 #: to 16 rows). Measured on an H100, 4096x14336 at 3.9 bits (``results/h100-gpu-exl2-one-launch-2026-12-07.md``):
 #: M = 1 23.4 us against 30.1 one segment at a time (bf16 43.3), M = 4 24.1; M = 16 40.4 at best against 40.5.
-ONE_LAUNCH_MAX_M = 8
+#: M = 5..8 were not timed, so they stay one segment at a time.
+ONE_LAUNCH_MAX_M = 4
 #: The one launch's split (``split_k`` x segments, shared by bytes), step and prefetch: the same run's best at M = 1
 #: and 4 among split_k 2/4/8/16, block_k 64/128/256, prefetch off/on (the gemv_tc table's own picks took 27.9 us).
 ONE_LAUNCH_STEP = {"split_k": 4, "block_k": 64, "prefetch": True}
