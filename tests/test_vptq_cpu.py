@@ -64,10 +64,25 @@ def test_matches_float64(kw: dict, x_dtype: torch.dtype) -> None:
         assert diff < 2e-2, (m, diff)
 
 
-def test_more_rows_than_the_native_kernel_take_run_the_exact_tiles() -> None:
-    meta, _, fast, exact, _ = build(MORE[0], torch.bfloat16)
-    x = torch.randn(vptq_cpu.MV_MAX_M + 1, meta["K"]).bfloat16()
-    assert torch.equal(fast(x), exact(x))
+@pytest.mark.parametrize("kw", CASES + MORE)
+def test_more_rows_decode_bfloat16_tiles(kw: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above ``MV_MAX_M`` rows: ``vq_decode`` tiles (small tiles here: several per layer) and bfloat16 GEMMs."""
+    monkeypatch.setattr(vptq_cpu, "TILE_ELEMENTS", 8 * 64)
+    meta, t, fast, _, w = build(kw, torch.bfloat16)
+    m = vptq_cpu.MV_MAX_M + 3
+    x = torch.randn(m, meta["K"], generator=torch.Generator().manual_seed(m)).bfloat16()
+    ref = x.double() @ w.t() + (t["bias"].double() if "bias" in t else 0)
+    err = float((fast(x).double() - ref).abs().max() / ref.abs().max())
+    assert err < 1.5e-2, err  # bfloat16 weights and partial products
+
+
+def test_a_gradient_takes_the_exact_tiles() -> None:
+    meta, _, fast, exact, _ = build(MORE[0], torch.float32)
+    x = torch.randn(2, meta["K"], requires_grad=True)
+    y = fast(x)
+    assert torch.equal(y.detach(), exact(x).detach())  # VPTQLinear's tiles ran
+    y.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
 
 
 def test_selected_on_cpu_with_the_native_extra_and_refused_without() -> None:

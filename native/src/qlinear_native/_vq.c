@@ -5,6 +5,9 @@
  * stream of W int32 words holding gs codes of `bits` bits (code t at bit t * bits, possibly straddling two words),
  * each (res << cbits) | main. Column c = g * gs + t of vector j is cb[g][main] (+ rcb[g][res]), V values.
  *
+ * vq_decode writes vectors j0..j1-1 of that weight in bfloat16, transposed ([Kmain, rows]; the sum in float32, one
+ * rounding), for the caller's GEMM at larger M.
+ *
  * vq_mv computes y[m][j * V + v] = sum_c x[m][c] * (cb[g][main] + rcb[g][res])[v] over main columns c < kmain,
  * in float32: codebook values converted exactly from float16 / bfloat16 / float32, codebook and residual added in
  * float32, products and sums in float32 (no per-operation rounding to the codebook dtype: the producers' decode
@@ -203,6 +206,141 @@ static void run(const vq_call *c) {
     }
 }
 
+/* Vectors j0..j1-1 of the main weight decoded to bfloat16, transposed for the caller's GEMM: out[c][(j - j0) V + v]
+ * = bf16(cb[main][v] + rcb[res][v]) for main columns c < kmain (the sum in float32, one rounding to nearest even),
+ * so each code's V values are one contiguous store. */
+#if VQ_AVX2
+static inline __m128i bf16x8(__m256 e) { /* round to nearest even, as ql_bf16 (finite values) */
+    const __m256i u = _mm256_castps_si256(e);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd)), 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+#endif
+
+/* V == 8, float16 codebooks: vectors jb..jb+nb-1 (nb <= 4) side by side, so each column's nb codes fill one 64-byte
+ * run of the tile (a whole cache line when aligned) instead of nb scattered 16-byte pieces. */
+#if VQ_AVX2
+static void decode8_f16(const vq_call *c, int64_t jb, int64_t nb, uint16_t *col, int64_t ldo) {
+    const int bits = c->cbits + c->rbits;
+    const uint32_t mask = bits >= 32 ? 0xFFFFFFFFu : (1u << bits) - 1u, cmask = (1u << c->cbits) - 1u;
+    const int64_t ccount = (int64_t)1 << c->cbits, rcount = c->rbits ? (int64_t)1 << c->rbits : 0;
+    for (int64_t g = 0; g < c->g; g++) {
+        const uint16_t *cbg = (const uint16_t *)c->cb + g * ccount * 8;
+        const uint16_t *rcbg = c->rcb ? (const uint16_t *)c->rcb + g * rcount * 8 : NULL;
+        const int64_t c0 = g * c->gs, tmax = c->kmain - c0 < c->gs ? c->kmain - c0 : c->gs;
+        for (int64_t t = 0; t < tmax; t++) {
+            uint16_t *dst = col + (c0 + t) * ldo;
+            for (int64_t q = 0; q < nb; q++) {
+                const uint32_t *s = c->idx + (g * c->j + jb + q) * c->w;
+                const uint32_t code = bits == 16 ? ((const uint16_t *)s)[t] : code_at(s, c->w, t, bits, mask);
+                __m256 ev = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cbg + (int64_t)(code & cmask) * 8)));
+                if (rcbg)
+                    ev = _mm256_add_ps(ev, _mm256_cvtph_ps(_mm_loadu_si128(
+                                               (const __m128i *)(rcbg + (int64_t)(code >> c->cbits) * 8))));
+                _mm_storeu_si128((__m128i *)(dst + q * 8), bf16x8(ev));
+            }
+        }
+    }
+}
+#endif
+
+static void decode_cols(const vq_call *c, int64_t j0, int64_t j1, uint16_t *out, int64_t ldo) {
+    const int v = c->v, bits = c->cbits + c->rbits;
+    const uint32_t mask = bits >= 32 ? 0xFFFFFFFFu : (1u << bits) - 1u, cmask = (1u << c->cbits) - 1u;
+    const int64_t ccount = (int64_t)1 << c->cbits, rcount = c->rbits ? (int64_t)1 << c->rbits : 0;
+    const int64_t units = (j1 - j0 + 3) / 4; /* blocks of 4 vectors */
+#ifdef _OPENMP
+#pragma omp parallel num_threads(ql_threads(c->threads, units))
+#endif
+    {
+        int64_t lo, hi;
+        float e[VQ_MAX_V], r[VQ_MAX_V];
+        ql_thread_share(units, &lo, &hi);
+        for (int64_t u = lo; u < hi; u++) {
+            const int64_t jb = j0 + 4 * u, nb = j1 - jb < 4 ? j1 - jb : 4;
+#if VQ_AVX2
+            if (v == 8 && c->dt == VQ_F16) {
+                decode8_f16(c, jb, nb, out + (jb - j0) * 8, ldo);
+                continue;
+            }
+#endif
+            for (int64_t j = jb; j < jb + nb; j++) {
+                uint16_t *col = out + (j - j0) * v;
+                for (int64_t g = 0; g < c->g; g++) {
+                    const uint32_t *s = c->idx + (g * c->j + j) * c->w;
+                    const int64_t c0 = g * c->gs, tmax = c->kmain - c0 < c->gs ? c->kmain - c0 : c->gs;
+                    for (int64_t t = 0; t < tmax; t++) {
+                        const uint32_t code = bits == 16 ? ((const uint16_t *)s)[t] : code_at(s, c->w, t, bits, mask);
+                        load_entry(c->cb, c->dt, g * ccount + (code & cmask), v, e);
+                        if (c->rcb) {
+                            load_entry(c->rcb, c->dt, g * rcount + (code >> c->cbits), v, r);
+                            for (int i = 0; i < v; i++)
+                                e[i] += r[i];
+                        }
+                        for (int i = 0; i < v; i++)
+                            col[(c0 + t) * ldo + i] = ql_bf16(e[i]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+static int parse_dtype(const char *name, const char *dtype, int *dt) {
+    if (!strcmp(dtype, "float16"))
+        *dt = VQ_F16;
+    else if (!strcmp(dtype, "bfloat16"))
+        *dt = VQ_BF16;
+    else if (!strcmp(dtype, "float32"))
+        *dt = VQ_F32;
+    else {
+        PyErr_Format(PyExc_ValueError, "%s: expected codebook dtype 'float16', 'bfloat16' or 'float32', got '%s'",
+                     name, dtype);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *vq_decode(PyObject *self, PyObject *args) {
+    unsigned long long idx, cb, rcb, out;
+    long long g, j, w, gs, kmain, j0, j1, ldo;
+    int v, cbits, rbits, threads;
+    const char *dtype;
+    vq_call c;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKKKLLLLLLLLiiisi", &idx, &cb, &rcb, &out, &g, &j, &w, &gs, &kmain, &j0, &j1, &ldo,
+                          &v, &cbits, &rbits, &dtype, &threads))
+        return NULL;
+    if (!parse_dtype("vq_decode", dtype, &c.dt))
+        return NULL;
+    if (!idx || !cb || !out || (rbits && !rcb)) {
+        PyErr_SetString(PyExc_ValueError, "vq_decode: expected non-null indices, codebook and out (and residual "
+                                          "codebook when rbits > 0)");
+        return NULL;
+    }
+    if (v < 1 || v > VQ_MAX_V || g < 1 || j < 1 || gs < 1 || kmain < 1 || kmain > g * gs || cbits < 1 ||
+        cbits > 24 || rbits < 0 || rbits > 24 || cbits + rbits > 32 || w * 32 < gs * (cbits + rbits) || j0 < 0 ||
+        j1 <= j0 || j1 > j || ldo < (j1 - j0) * v || threads < 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "vq_decode: expected 1 <= V <= %d, G, J, gs >= 1, 1 <= Kmain <= G * gs, codebook bits 1..24 (+ "
+                     "residual 0..24, at most 32), W * 32 >= gs * bits, 0 <= j0 < j1 <= J, ldo >= (j1 - j0) V, threads >= "
+                     "1; got V=%d G=%lld J=%lld gs=%lld Kmain=%lld bits=%d+%d W=%lld j0=%lld j1=%lld ldo=%lld "
+                     "threads=%d",
+                     VQ_MAX_V, v, g, j, gs, kmain, cbits, rbits, w, j0, j1, ldo, threads);
+        return NULL;
+    }
+    c.idx = (const uint32_t *)(uintptr_t)idx;
+    c.cb = (const void *)(uintptr_t)cb;
+    c.rcb = rbits ? (const void *)(uintptr_t)rcb : NULL;
+    c.g = g, c.j = j, c.w = w, c.gs = gs, c.kmain = kmain;
+    c.v = v, c.cbits = cbits, c.rbits = rbits, c.threads = threads;
+    Py_BEGIN_ALLOW_THREADS
+    decode_cols(&c, j0, j1, (uint16_t *)(uintptr_t)out, ldo);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *vq_mv(PyObject *self, PyObject *args) {
     unsigned long long idx, cb, rcb, x, y;
     long long m, g, j, w, gs, kmain, ldx, ldy;
@@ -213,17 +351,8 @@ static PyObject *vq_mv(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "KKKKKLLLLLLLLiiisi", &idx, &cb, &rcb, &x, &y, &m, &g, &j, &w, &gs, &kmain, &ldx,
                           &ldy, &v, &cbits, &rbits, &dtype, &threads))
         return NULL;
-    if (!strcmp(dtype, "float16"))
-        c.dt = VQ_F16;
-    else if (!strcmp(dtype, "bfloat16"))
-        c.dt = VQ_BF16;
-    else if (!strcmp(dtype, "float32"))
-        c.dt = VQ_F32;
-    else {
-        PyErr_Format(PyExc_ValueError, "vq_mv: expected codebook dtype 'float16', 'bfloat16' or 'float32', got '%s'",
-                     dtype);
+    if (!parse_dtype("vq_mv", dtype, &c.dt))
         return NULL;
-    }
     if (!idx || !cb || !x || !y || (rbits && !rcb)) {
         PyErr_SetString(PyExc_ValueError, "vq_mv: expected non-null indices, codebook, x and y (and residual "
                                           "codebook when rbits > 0)");
@@ -263,6 +392,9 @@ static PyMethodDef METHODS[] = {
     {"vq_mv", vq_mv, METH_VARARGS,
      "vq_mv(indices, codebook, residual, x, y, M, G, J, W, gs, Kmain, ldx, ldy, V, cbits, rbits, dtype, threads): "
      "y[M, J*V] (float32) = x[M, Kmain] (float32) times the VPTQ weight; pointers as integers"},
+    {"vq_decode", vq_decode, METH_VARARGS,
+     "vq_decode(indices, codebook, residual, out, G, J, W, gs, Kmain, j0, j1, ldo, V, cbits, rbits, dtype, threads): "
+     "vectors j0..j1-1 of the main weight into out [Kmain, ldo] (bfloat16, transposed); pointers as integers"},
     {"max_m", max_m, METH_NOARGS, "the most activation rows one vq_mv call takes"},
     {NULL, NULL, 0, NULL}};
 

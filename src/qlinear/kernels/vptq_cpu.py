@@ -4,11 +4,13 @@
 producers do (408 ms for a 2-bit 4096x14336 layer at M=1 on one thread, 39x dense bf16: ``docs/performance.md``).
 Here, for up to ``MV_MAX_M`` rows, ``vq_mv`` (``native/src/qlinear_native/_vq.c``) walks the packed codes once and
 adds each code's codebook vector (and residual vector) times the activation into float32 sums held in registers:
-the weight is never formed. The per-column norm is folded into the activations (``x s``) and a sum (``x . b``),
+the weight is never formed. Above, ``vq_decode`` writes tiles of the weight in bfloat16 (transposed, reused) for
+one bfloat16 GEMM each. The per-column norm is folded into the activations (``x s``) and a sum (``x . b``),
 the permutation into one gather of x; outlier columns (a few percent of K) are decoded by torch and multiplied in
-beside it. The arithmetic is float32 throughout, without the producers' roundings to the codebook dtype, so the
-result is nearer the exact product than theirs (``tests/test_vptq_cpu.py`` bounds both against float64). Above
-``MV_MAX_M`` rows the layer runs ``VPTQLinear``'s exact tiles.
+beside it. ``vq_mv``'s arithmetic is float32 throughout, without the producers' roundings to the codebook dtype, so
+the result is nearer the exact product than theirs; the decode path rounds each weight once to bfloat16 and sums in
+float32 (``tests/test_vptq_cpu.py`` bounds both against float64). A forward that needs a gradient runs
+``VPTQLinear``'s exact tiles.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from .vptq import VPTQLinear
 
 NATIVE = "qlinear_native._vq"
 INSTALL = "./native (qlinear's native extra, built for this CPU)"
-#: Rows up to which ``vq_mv`` runs (it re-reads the codes per call of at most 8 rows; above, the exact tiles):
-#: measured one thread, 2-bit v8 k65536 4096x14336 (``benchmarks/cpu_formats.py``,
-#: ``results/cpu_formats-vptq-2026-12-07.md``).
-MV_MAX_M = 96
+#: Rows up to which ``vq_mv`` runs (8 rows a pass over the codes); above, ``decode_product``. Measured one thread,
+#: 2-bit v8 k65536 4096x14336 (``results/cpu_formats-vptq-2026-12-07.md``), vq_mv / decode + GEMM ms: M = 1 10.4 /
+#: 66.5, M = 8 25.9 / 63.2, M = 16 56.9 / 64.9, M = 64 230 / 71.3.
+MV_MAX_M = 16
+#: Decoded values per tile of ``decode_product`` (bfloat16: 2 MiB, about L2).
+TILE_ELEMENTS = 1 << 20
 
 
 def native() -> ModuleType:
@@ -63,9 +67,36 @@ def main_product(xm: torch.Tensor, indices: torch.Tensor, cb: torch.Tensor, rcb:
     return y[:, :n]
 
 
+def decode_product(xm: torch.Tensor, indices: torch.Tensor, cb: torch.Tensor, rcb: torch.Tensor | None,
+                   p: vptq.VptqParams, n: int) -> torch.Tensor:
+    """The same product for larger M: ``vq_decode`` writes a tile of output rows in bfloat16, transposed (``[Kmain,
+    rows]``, about ``TILE_ELEMENTS`` values, reused), one bfloat16 GEMM per tile (float32 sums, bfloat16 results):
+    float32 ``[M, N]``. No decoded row outlives its tile."""
+    mod = native()
+    m, kmain = xm.shape
+    g, j, w = indices.shape
+    v = p.vector_len
+    per = max(1, TILE_ELEMENTS // (kmain * v))  # vectors a tile
+    width = min(per, j) * v
+    tile = torch.empty(kmain, width, dtype=torch.bfloat16)
+    xb = xm.to(torch.bfloat16)
+    y = torch.empty(m, j * v, dtype=torch.float32)
+    idx, cbc = indices.contiguous(), cb.contiguous()
+    res = rcb.contiguous() if rcb is not None else None
+    dtype = str(cb.dtype).removeprefix("torch.")
+    for j0 in range(0, j, per):
+        j1 = min(j, j0 + per)
+        cols = tile[:, :(j1 - j0) * v]
+        mod.vq_decode(idx.data_ptr(), cbc.data_ptr(), res.data_ptr() if res is not None else 0, tile.data_ptr(), g,
+                      j, w, p.group_size, kmain, j0, j1, width, v, p.index_bits, p.total_bits - p.index_bits, dtype,
+                      torch.get_num_threads())
+        y[:, j0 * v:j1 * v] = torch.mm(xb, cols)
+    return y[:, :n]
+
+
 class VPTQCpuLinear(VPTQLinear):
     """VPTQ on CPU: the packed codes walked once per call by the native extra, codebook vectors summed in float32
-    (up to ``MV_MAX_M`` rows; above, ``VPTQLinear``'s exact tiles)."""
+    (up to ``MV_MAX_M`` rows; above, bfloat16 tiles decoded by it and one GEMM each)."""
 
     backend = BACKEND.VPTQ_CPU
     caps = Caps(
@@ -101,14 +132,14 @@ class VPTQCpuLinear(VPTQLinear):
         what = vptq.describe(s) if isinstance(s.layout_params, vptq.VptqParams) else "VPTQ"
         return (f"{what}: up to M={MV_MAX_M}, the packed codes walked once per call by the native extra (vq_mv: "
                 "codebook vectors times x summed in float32, the norm folded into x, outlier columns by torch); "
-                "above, exact row tiles as VPTQLinear")
+                "above, bfloat16 weight tiles decoded by it (vq_decode), one GEMM each")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x, "cpu")
         self.ensure_prepared()
         x2 = x.reshape(-1, self.in_features)
-        if x2.shape[0] > MV_MAX_M or (torch.is_grad_enabled() and x2.requires_grad):
-            return super().forward(x)  # the exact tiles (and the only path with a backward)
+        if torch.is_grad_enabled() and x2.requires_grad:
+            return super().forward(x)  # the exact tiles: the only path with a backward
         return self.product(x2).reshape(*x.shape[:-1], self.out_features)
 
     def product(self, x2: torch.Tensor) -> torch.Tensor:
@@ -121,7 +152,8 @@ class VPTQCpuLinear(VPTQLinear):
         if self._rt_scale is not None:  # norm per input column: sum_k x (w s + b) = sum_k (x s) w + x . b
             extra = xm @ self._rt_bias[os_:].float()
             xm = xm * self._rt_scale[os_:].float()
-        y = main_product(xm, t["indices"], t["centroids.weight"], t.get("res_centroids.weight"), p, n)
+        product = main_product if x2.shape[0] <= MV_MAX_M else decode_product
+        y = product(xm, t["indices"], t["centroids.weight"], t.get("res_centroids.weight"), p, n)
         if extra is not None:
             y += extra[:, None]
         if os_:
