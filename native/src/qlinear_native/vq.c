@@ -1,0 +1,274 @@
+/* VPTQ vector-quantized weights times a few activation rows, on a CPU (qlinear_native._vq).
+ *
+ * Layout (qlinear's layouts/vptq.py): a weight [N, Kmain] is cut along N into J = ceil(N / V) vectors of V rows;
+ * columns are split into G groups of gs columns, each with its own codebook. indices[g][j] is one LSB-first bit
+ * stream of W int32 words holding gs codes of `bits` bits (code t at bit t * bits, possibly straddling two words),
+ * each (res << cbits) | main. Column c = g * gs + t of vector j is cb[g][main] (+ rcb[g][res]), V values.
+ *
+ * vq_decode writes vectors j0..j1-1 of that weight in bfloat16, transposed ([Kmain, rows]; the sum in float32, one
+ * rounding), for the caller's GEMM at larger M.
+ *
+ * vq_mv computes y[m][j * V + v] = sum_c x[m][c] * (cb[g][main] + rcb[g][res])[v] over main columns c < kmain,
+ * in float32: codebook values converted exactly from float16 / bfloat16 / float32, codebook and residual added in
+ * float32, products and sums in float32 (no per-operation rounding to the codebook dtype: the producers' decode
+ * rounds there; the caller's tests bound the difference). x is float32 [M, ldx] (the caller applies the
+ * permutation and the per-column norm scale); y is float32 [M, ldy], ldy >= J * V. Each thread takes whole
+ * vectors in a fixed order, so results do not depend on the thread count.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu_common.h"
+#include "vq.h"
+
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#define VQ_AVX2 1
+#else
+#define VQ_AVX2 0
+#endif
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 31u, man = h & 0x3FFu, u;
+    if (exp == 31)
+        u = sign | 0x7F800000u | (man << 13);
+    else if (exp)
+        u = sign | ((exp + 112u) << 23) | (man << 13);
+    else if (!man)
+        u = sign;
+    else { /* subnormal: normalise */
+        int e = -1;
+        do {
+            man <<= 1;
+            e++;
+        } while (!(man & 0x400u));
+        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3FFu) << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* V values of entry `row` of a codebook of dtype dt, as float32 (exact). */
+static inline void load_entry(const void *cb, int dt, int64_t row, int v, float *out) {
+    const int64_t off = row * v;
+    if (dt == VQ_F32) {
+        memcpy(out, (const float *)cb + off, (size_t)v * 4);
+    } else if (dt == VQ_BF16) {
+        const uint16_t *p = (const uint16_t *)cb + off;
+        for (int i = 0; i < v; i++) {
+            uint32_t u = (uint32_t)p[i] << 16;
+            memcpy(out + i, &u, 4);
+        }
+    } else {
+        const uint16_t *p = (const uint16_t *)cb + off;
+        for (int i = 0; i < v; i++)
+            out[i] = f16_to_f32(p[i]);
+    }
+}
+
+/* Code t of a stream of w words. */
+static inline uint32_t code_at(const uint32_t *s, int64_t w, int64_t t, int bits, uint32_t mask) {
+    const int64_t bit = t * bits, word = bit >> 5;
+    uint64_t u = s[word];
+    if (word + 1 < w)
+        u |= (uint64_t)s[word + 1] << 32;
+    return (uint32_t)(u >> (bit & 31)) & mask;
+}
+
+
+#if VQ_AVX2
+/* V == 8, float16 codebooks: one F16C conversion per entry, one FMA per row. */
+static void vector8_f16(const vq_call *c, int64_t j) {
+    __m256 acc[VQ_MAX_M];
+    const int bits = c->cbits + c->rbits;
+    const uint32_t mask = bits >= 32 ? 0xFFFFFFFFu : (1u << bits) - 1u, cmask = (1u << c->cbits) - 1u;
+    const int64_t ccount = (int64_t)1 << c->cbits, rcount = c->rbits ? (int64_t)1 << c->rbits : 0;
+    for (int64_t m = 0; m < c->m; m++)
+        acc[m] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < c->g; g++) {
+        const uint32_t *s = c->idx + (g * c->j + j) * c->w;
+        const uint16_t *cbg = (const uint16_t *)c->cb + g * ccount * 8;
+        const uint16_t *rcbg = c->rcb ? (const uint16_t *)c->rcb + g * rcount * 8 : NULL;
+        const int64_t c0 = g * c->gs, tmax = c->kmain - c0 < c->gs ? c->kmain - c0 : c->gs;
+        const uint16_t *s16 = (const uint16_t *)s; /* 16-bit codes (k65536 alone): halfword t, little-endian */
+        for (int64_t t = 0; t < tmax; t++) {
+            const uint32_t code = bits == 16 ? s16[t] : code_at(s, c->w, t, bits, mask);
+            __m256 e = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cbg + (int64_t)(code & cmask) * 8)));
+            if (rcbg)
+                e = _mm256_add_ps(e, _mm256_cvtph_ps(
+                                         _mm_loadu_si128((const __m128i *)(rcbg + (int64_t)(code >> c->cbits) * 8))));
+            for (int64_t m = 0; m < c->m; m++)
+                acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(c->x[m * c->ldx + c0 + t]), e, acc[m]);
+        }
+    }
+    for (int64_t m = 0; m < c->m; m++)
+        _mm256_storeu_ps(c->y + m * c->ldy + j * 8, acc[m]);
+}
+/* V == 8, float16 codebooks, one or two rows: four sets of sums taking turns over the codes, so consecutive FMAs
+ * do not wait on each other (one chain of 4-cycle FMAs bounded the one-row kernel). */
+static void vector8_f16_few(const vq_call *c, int64_t j) {
+    __m256 acc[4][2];
+    const int bits = c->cbits + c->rbits;
+    const uint32_t mask = bits >= 32 ? 0xFFFFFFFFu : (1u << bits) - 1u, cmask = (1u << c->cbits) - 1u;
+    const int64_t ccount = (int64_t)1 << c->cbits, rcount = c->rbits ? (int64_t)1 << c->rbits : 0;
+    for (int u = 0; u < 4; u++)
+        acc[u][0] = acc[u][1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < c->g; g++) {
+        const uint32_t *s = c->idx + (g * c->j + j) * c->w;
+        const uint16_t *s16 = (const uint16_t *)s;
+        const uint16_t *cbg = (const uint16_t *)c->cb + g * ccount * 8;
+        const uint16_t *rcbg = c->rcb ? (const uint16_t *)c->rcb + g * rcount * 8 : NULL;
+        const int64_t c0 = g * c->gs, tmax = c->kmain - c0 < c->gs ? c->kmain - c0 : c->gs;
+        const float *x0 = c->x + c0, *x1 = c->x + c->ldx + c0;
+        for (int64_t t0 = 0; t0 < tmax; t0 += 4) {
+            for (int u = 0; u < 4 && t0 + u < tmax; u++) {
+                const int64_t t = t0 + u;
+                const uint32_t code = bits == 16 ? s16[t] : code_at(s, c->w, t, bits, mask);
+                __m256 e = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cbg + (int64_t)(code & cmask) * 8)));
+                if (rcbg)
+                    e = _mm256_add_ps(e, _mm256_cvtph_ps(_mm_loadu_si128(
+                                             (const __m128i *)(rcbg + (int64_t)(code >> c->cbits) * 8))));
+                acc[u][0] = _mm256_fmadd_ps(_mm256_set1_ps(x0[t]), e, acc[u][0]);
+                if (c->m == 2)
+                    acc[u][1] = _mm256_fmadd_ps(_mm256_set1_ps(x1[t]), e, acc[u][1]);
+            }
+        }
+    }
+    for (int64_t m = 0; m < c->m; m++)
+        _mm256_storeu_ps(c->y + m * c->ldy + j * 8, _mm256_add_ps(_mm256_add_ps(acc[0][m], acc[1][m]),
+                                                                  _mm256_add_ps(acc[2][m], acc[3][m])));
+}
+#endif
+
+
+/* Any V <= VQ_MAX_V and codebook dtype: scalar loops the compiler may vectorise. */
+static void vector_any(const vq_call *c, int64_t j) {
+    float acc[VQ_MAX_M][VQ_MAX_V], e[VQ_MAX_V], r[VQ_MAX_V];
+    const int v = c->v, bits = c->cbits + c->rbits;
+    const uint32_t mask = bits >= 32 ? 0xFFFFFFFFu : (1u << bits) - 1u, cmask = (1u << c->cbits) - 1u;
+    const int64_t ccount = (int64_t)1 << c->cbits, rcount = c->rbits ? (int64_t)1 << c->rbits : 0;
+    memset(acc, 0, sizeof(acc));
+    for (int64_t g = 0; g < c->g; g++) {
+        const uint32_t *s = c->idx + (g * c->j + j) * c->w;
+        const int64_t c0 = g * c->gs, tmax = c->kmain - c0 < c->gs ? c->kmain - c0 : c->gs;
+        for (int64_t t = 0; t < tmax; t++) {
+            const uint32_t code = code_at(s, c->w, t, bits, mask);
+            load_entry(c->cb, c->dt, g * ccount + (code & cmask), v, e);
+            if (c->rcb) {
+                load_entry(c->rcb, c->dt, g * rcount + (code >> c->cbits), v, r);
+                for (int i = 0; i < v; i++)
+                    e[i] += r[i];
+            }
+            for (int64_t m = 0; m < c->m; m++) {
+                const float xv = c->x[m * c->ldx + c0 + t];
+                for (int i = 0; i < v; i++)
+                    acc[m][i] += xv * e[i];
+            }
+        }
+    }
+    for (int64_t m = 0; m < c->m; m++)
+        memcpy(c->y + m * c->ldy + j * v, acc[m], (size_t)v * 4);
+}
+
+void vq_run(const vq_call *c) {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(ql_threads(c->threads, c->j))
+#endif
+    {
+        int64_t lo, hi;
+        ql_thread_share(c->j, &lo, &hi);
+        for (int64_t j = lo; j < hi; j++) {
+#if VQ_AVX2
+            if (c->v == 8 && c->dt == VQ_F16) {
+                if (c->m <= 2)
+                    vector8_f16_few(c, j);
+                else
+                    vector8_f16(c, j);
+                continue;
+            }
+#endif
+            vector_any(c, j);
+        }
+    }
+}
+
+/* Vectors j0..j1-1 of the main weight decoded to bfloat16, transposed for the caller's GEMM: out[c][(j - j0) V + v]
+ * = bf16(cb[main][v] + rcb[res][v]) for main columns c < kmain (the sum in float32, one rounding to nearest even),
+ * so each code's V values are one contiguous store. */
+#if VQ_AVX2
+static inline __m128i bf16x8(__m256 e) { /* round to nearest even, as ql_bf16 (finite values) */
+    const __m256i u = _mm256_castps_si256(e);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd)), 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+#endif
+
+/* V == 8, float16 codebooks: vectors jb..jb+nb-1 (nb <= 4) side by side, so each column's nb codes fill one 64-byte
+ * run of the tile (a whole cache line when aligned) instead of nb scattered 16-byte pieces. */
+#if VQ_AVX2
+static void decode8_f16(const vq_call *c, int64_t jb, int64_t nb, uint16_t *col, int64_t ldo) {
+    const int bits = c->cbits + c->rbits;
+    const uint32_t mask = bits >= 32 ? 0xFFFFFFFFu : (1u << bits) - 1u, cmask = (1u << c->cbits) - 1u;
+    const int64_t ccount = (int64_t)1 << c->cbits, rcount = c->rbits ? (int64_t)1 << c->rbits : 0;
+    for (int64_t g = 0; g < c->g; g++) {
+        const uint16_t *cbg = (const uint16_t *)c->cb + g * ccount * 8;
+        const uint16_t *rcbg = c->rcb ? (const uint16_t *)c->rcb + g * rcount * 8 : NULL;
+        const int64_t c0 = g * c->gs, tmax = c->kmain - c0 < c->gs ? c->kmain - c0 : c->gs;
+        for (int64_t t = 0; t < tmax; t++) {
+            uint16_t *dst = col + (c0 + t) * ldo;
+            for (int64_t q = 0; q < nb; q++) {
+                const uint32_t *s = c->idx + (g * c->j + jb + q) * c->w;
+                const uint32_t code = bits == 16 ? ((const uint16_t *)s)[t] : code_at(s, c->w, t, bits, mask);
+                __m256 ev = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cbg + (int64_t)(code & cmask) * 8)));
+                if (rcbg)
+                    ev = _mm256_add_ps(ev, _mm256_cvtph_ps(_mm_loadu_si128(
+                                               (const __m128i *)(rcbg + (int64_t)(code >> c->cbits) * 8))));
+                _mm_storeu_si128((__m128i *)(dst + q * 8), bf16x8(ev));
+            }
+        }
+    }
+}
+#endif
+
+void vq_decode_cols(const vq_call *c, int64_t j0, int64_t j1, uint16_t *out, int64_t ldo) {
+    const int v = c->v, bits = c->cbits + c->rbits;
+    const uint32_t mask = bits >= 32 ? 0xFFFFFFFFu : (1u << bits) - 1u, cmask = (1u << c->cbits) - 1u;
+    const int64_t ccount = (int64_t)1 << c->cbits, rcount = c->rbits ? (int64_t)1 << c->rbits : 0;
+    const int64_t units = (j1 - j0 + 3) / 4; /* blocks of 4 vectors */
+#ifdef _OPENMP
+#pragma omp parallel num_threads(ql_threads(c->threads, units))
+#endif
+    {
+        int64_t lo, hi;
+        float e[VQ_MAX_V], r[VQ_MAX_V];
+        ql_thread_share(units, &lo, &hi);
+        for (int64_t u = lo; u < hi; u++) {
+            const int64_t jb = j0 + 4 * u, nb = j1 - jb < 4 ? j1 - jb : 4;
+#if VQ_AVX2
+            if (v == 8 && c->dt == VQ_F16) {
+                decode8_f16(c, jb, nb, out + (jb - j0) * 8, ldo);
+                continue;
+            }
+#endif
+            for (int64_t j = jb; j < jb + nb; j++) {
+                uint16_t *col = out + (j - j0) * v;
+                for (int64_t g = 0; g < c->g; g++) {
+                    const uint32_t *s = c->idx + (g * c->j + j) * c->w;
+                    const int64_t c0 = g * c->gs, tmax = c->kmain - c0 < c->gs ? c->kmain - c0 : c->gs;
+                    for (int64_t t = 0; t < tmax; t++) {
+                        const uint32_t code = bits == 16 ? ((const uint16_t *)s)[t] : code_at(s, c->w, t, bits, mask);
+                        load_entry(c->cb, c->dt, g * ccount + (code & cmask), v, e);
+                        if (c->rcb) {
+                            load_entry(c->rcb, c->dt, g * rcount + (code >> c->cbits), v, r);
+                            for (int i = 0; i < v; i++)
+                                e[i] += r[i];
+                        }
+                        for (int i = 0; i < v; i++)
+                            col[(c0 + t) * ldo + i] = ql_bf16(e[i]);
+                    }
+                }
+            }
+        }
+    }
+}
