@@ -1,4 +1,4 @@
-"""Six C extensions, compiled at install time for the installing machine's CPU (-march=native)."""
+"""Seven C extensions, compiled at install time for the installing machine's CPU (-march=native)."""
 
 from setuptools import Extension, setup
 
@@ -18,4 +18,5 @@ setup(ext_modules=[Extension("qlinear_native._decode", [SRC + "_decode.c"], extr
                    Extension("qlinear_native._lut4", [SRC + f for f in ("_lut4.c", "lut4_mv.c", "lut4_mm.c")],
                              depends=[SRC + "lut4.h", COMMON], **KERNEL),
                    Extension("qlinear_native._vq", [SRC + f for f in ("_vq.c", "vq.c")], depends=[SRC + "vq.h", COMMON],
-                             **KERNEL)])
+                             **KERNEL),
+                   Extension("qlinear_native._exl3", [SRC + "_exl3.c"], depends=[COMMON], **KERNEL)])

@@ -11,6 +11,10 @@ Forward: ``xh = H(x * suh)`` (128-point Hadamard per block, float32), ``y = H(xh
 
 from __future__ import annotations
 
+import functools
+import importlib
+from types import ModuleType
+
 import torch
 
 from ..caps import Problem, archs_from
@@ -27,6 +31,22 @@ from .stored_base import StoredTensorsLinear
 #: transient tile of about 2^20 float32 values.
 TILE_ELEMENTS = 1 << 20
 RUNTIME = ("_rt_table", "_rt_had", "_rt_suh", "_rt_svh")
+
+
+@functools.cache
+def native_decoder() -> ModuleType | None:
+    """``qlinear_native._exl3`` (the native extra, ``pip install ./native``) when installed, else None: it decodes
+    the inner weight's tiles on a CPU with the same values ``layouts.exl3.inner_weight`` gives, about 10x faster."""
+    try:
+        return importlib.import_module("qlinear_native._exl3")
+    except ImportError:
+        return None
+
+
+@functools.cache
+def table32(codebook: str) -> torch.Tensor:
+    """The codebook's 65536 values as float32 on the CPU (exact; one shared, read-only tensor per codebook)."""
+    return exl3.codebook_table(codebook, "cpu").float()
 
 
 def params_of(scheme: Scheme) -> Exl3Params:
@@ -101,7 +121,7 @@ class Exl3QuantLinear(StoredTensorsLinear):
 
 class ExllamaV3TorchLinear(Exl3QuantLinear):
     """EXL3 on any device in plain Torch, float32 arithmetic on the exact float16 inner weight, decoded 128-column
-    blocks at a time inside each forward."""
+    blocks at a time inside each forward (on a CPU by the native extra when installed: the same values)."""
 
     backend = _DeclaredTorch.backend
     caps = _DeclaredTorch.caps
@@ -125,10 +145,19 @@ class ExllamaV3TorchLinear(Exl3QuantLinear):
         xh, m = self._input_transform(x)
         n, step = self.out_features, self.tile_cols()
         y = torch.empty(m, n, dtype=torch.float32, device=x.device)
+        native = native_decoder() if self.trellis.device.type == "cpu" and self.trellis.is_contiguous() else None
+        tile = torch.empty(self.in_features, step, dtype=torch.float32) if native is not None else None
         for n0 in range(0, n, step):
             n1 = min(n, n0 + step)
-            w = exl3.inner_weight(self.trellis, self.params.bits, self._rt_table, n0 // exl3.TILE, n1 // exl3.TILE)
-            torch.matmul(xh, w.float(), out=y[:, n0:n1])
+            if tile is not None:  # the same float32 values, decoded by the native extra into a reused tile
+                native.exl3_decode(self.trellis.data_ptr(), table32(self.params.codebook).data_ptr(), tile.data_ptr(),
+                                   self.in_features // exl3.TILE, n // exl3.TILE, self.params.bits, n0 // exl3.TILE,
+                                   n1 // exl3.TILE, step, torch.get_num_threads())
+                w = tile[:, :n1 - n0]
+            else:
+                w = exl3.inner_weight(self.trellis, self.params.bits, self._rt_table, n0 // exl3.TILE,
+                                      n1 // exl3.TILE).float()
+            torch.matmul(xh, w, out=y[:, n0:n1])
         return self._output_transform(y, x)
 
 

@@ -1,0 +1,63 @@
+"""The native extra's EXL3 tile decode (``qlinear_native._exl3``, used by ``ExllamaV3TorchLinear`` on CPU) against
+``layouts.exl3.inner_weight`` (the torch decode, itself checked against exllamav3's CUDA arithmetic in
+``test_exl3*.py``): the same float32 values bit for bit, for every width and codebook, tile ranges included, and the
+layer's output unchanged. Skipped without the extra (``pip install ./native``)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from qlinear.kernels import exl3 as kexl3
+from qlinear.layouts import exl3
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("qlinear_native") is None
+                                or importlib.util.find_spec("qlinear_native._exl3") is None,
+                                reason="the native extra is not installed: pip install ./native")
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("codebook", exl3.CODEBOOKS)
+def test_tiles_equal_the_torch_decode(bits: int, codebook: str) -> None:
+    gen = torch.Generator().manual_seed(bits)
+    kt, nt = 3, 5
+    trellis = torch.randint(-(1 << 15), 1 << 15, (kt, nt, 16 * bits), generator=gen, dtype=torch.int16)
+    table = exl3.codebook_table(codebook)
+    for t0, t1 in ((0, nt), (2, 4)):
+        want = exl3.inner_weight(trellis, bits, table, t0, t1).float()
+        out = torch.full((16 * kt, 16 * (t1 - t0) + 3), float("nan"))  # a wider row stride than the tiles
+        kexl3.native_decoder().exl3_decode(trellis.data_ptr(), kexl3.table32(codebook).data_ptr(), out.data_ptr(),
+                                           kt, nt, bits, t0, t1, out.shape[1], 2)
+        assert torch.equal(out[:, :16 * (t1 - t0)], want)
+        assert bool(out[:, 16 * (t1 - t0):].isnan().all())  # nothing written past the tiles
+
+
+def test_layer_output_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qlinear.kernels.exl3 import ExllamaV3TorchLinear
+    from qlinear.spec import Scheme
+
+    gen = torch.Generator().manual_seed(0)
+    k, n = 256, 384
+    s = Scheme(bits=3, group_size=-1, in_features=k, out_features=n, method="exl3", format="exl3",
+               pack_dtype=torch.int16, layout_params=exl3.Exl3Params(3, "3inst"))
+    layer = ExllamaV3TorchLinear(s, bias=True, dtype=torch.bfloat16)
+    layer.load_exl3({"trellis": torch.randint(-(1 << 15), 1 << 15, (k // 16, n // 16, 48), generator=gen,
+                                              dtype=torch.int16),
+                     "suh": (torch.randn(k, generator=gen) * 0.05).half(),
+                     "svh": (torch.randn(n, generator=gen) * 0.05).half(),
+                     "bias": torch.randn(n, generator=gen).half()})
+    monkeypatch.setattr(kexl3, "TILE_ELEMENTS", k * 128)  # several tiles, the last one the same width
+    x = torch.randn(3, k, generator=gen).bfloat16()
+    fast = layer(x)
+    monkeypatch.setattr(kexl3, "native_decoder", lambda: None)
+    assert torch.equal(fast, layer(x))
+
+
+def test_bad_sizes_are_named() -> None:
+    trellis = torch.zeros(1, 2, 32, dtype=torch.int16)
+    out = torch.empty(16, 16)
+    with pytest.raises(ValueError, match=r"nt0 < nt1 <= NT.*nt1=3"):
+        kexl3.native_decoder().exl3_decode(trellis.data_ptr(), kexl3.table32("3inst").data_ptr(), out.data_ptr(),
+                                           1, 2, 2, 0, 3, 16, 1)
