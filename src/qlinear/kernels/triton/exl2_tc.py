@@ -1,12 +1,13 @@
 """EXL2's segments in one ``gemv_tc`` launch: the decode GEMV of a mixed-bit layer without a launch per width.
 
 Why: an EXL2 layer runs as up to three GPTQ layouts (8, 4 and 2-bit words, ``exl2_runtime``). Run one after
-another, each segment gathers its activations, launches its own GEMV and adds its product: at M = 1 on an H100 that
-was 30.2 us for a 4096x14336 layer whose 4-bit part alone takes about 15 (``docs/performance.md``), the two small
-segments being latency, not bytes. Here the activations of every segment are gathered by one launch into one
-buffer (each segment's sorted rows at an even offset), and one kernel runs ``qmv_tc_body`` for every segment: its
-split-K axis is the concatenation of the segments' splits (split ``k`` belongs to the first segment whose splits
-reach past it), and the split-K epilogue sums all of them, so the segments' sum is the split-K sum itself.
+another, each segment gathers its activations, launches its own GEMV and adds its product: eight launches, 30.1 us
+at M = 1 on an H100 for a 4096x14336 layer at 3.9 bits; this way two launches, 23.4 us
+(``results/h100-gpu-exl2-one-launch-2026-12-07.md``). The activations of every segment are gathered by one launch
+into one buffer (each segment's sorted rows at an even offset), and one kernel runs ``qmv_tc_body`` for every
+segment: its split-K axis is the concatenation of the segments' splits (split ``k`` belongs to the first segment
+whose splits reach past it), and the split-K epilogue sums all of them, so the segments' sum is the split-K sum
+itself.
 """
 
 from __future__ import annotations
@@ -126,19 +127,17 @@ def exl2_tc(xs: torch.Tensor, plan: exl2_runtime.XPlan, packs: list[Packed], cfg
         raise ValueError(f"lock: {lock.numel()} split-K counters for {tiles_m * tiles_n} tiles")
     part = torch.empty((total, m, n), dtype=torch.float32, device=xs.device) if total > 1 else y
     bf16 = xs.dtype == torch.bfloat16
+    pad = MAX_SEGMENTS - len(packs)  # absent segments repeat the last one with no splits (never run)
+    full, unit = [*packs, *[packs[-1]] * pad], [*unit, *[unit[-1]] * pad]
+    offs, width = [*plan.offsets, *[plan.offsets[-1]] * pad], [*plan.widths, *[plan.widths[-1]] * pad]
+    spl = [*splits, *[0] * pad]
     seg: dict[str, object] = {}
-    for i in range(MAX_SEGMENTS):
-        pk = packs[min(i, len(packs) - 1)]  # absent segments repeat the last one (never run)
+    for i, pk in enumerate(full):
         subz = cfg.sub_zero or (pk.bits == 8 and bf16)
         nf = (32 // pk.bits) * pk.rows_per_block // 8
         seg.update({f"GS{i}": pk.group, f"BITS{i}": pk.bits, f"R{i}": pk.rows_per_block, f"ZC{i}": pk.zero_const,
-                    f"UNIT{i}": unit[min(i, len(packs) - 1)],
-                    f"EVEN_K{i}": plan.widths[min(i, len(packs) - 1)] == pk.kp,
-                    f"SUBZ{i}": subz, f"ASM{i}": mma_asm(pk.bits, nf, bf16, nb, subz, not subz)})
-    full = [*packs, *[packs[-1]] * (MAX_SEGMENTS - len(packs))]
-    offs = [*plan.offsets, *[plan.offsets[-1]] * (MAX_SEGMENTS - len(packs))]
-    width = [*plan.widths, *[plan.widths[-1]] * (MAX_SEGMENTS - len(packs))]
-    spl = [*splits, *[0] * (MAX_SEGMENTS - len(packs))]
+                    f"UNIT{i}": unit[i], f"EVEN_K{i}": width[i] == pk.kp, f"SUBZ{i}": subz,
+                    f"ASM{i}": mma_asm(pk.bits, nf, bf16, nb, subz, not subz)})
     sum_rows = min(SET_ROWS * nb, _pow2_floor(max(1, cfg.sum_values * warps // wn)))
     exl2_tc_kernel[(tiles_m, tiles_n, total)](
         xs, full[0].qweight, full[0].scales, full[1].qweight, full[1].scales, full[2].qweight, full[2].scales,
