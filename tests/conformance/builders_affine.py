@@ -251,6 +251,8 @@ class ParoBuilder(Builder):
         if c.dtype == torch.bfloat16:  # measured 1.52e-2 once on an H100 (ParoQuantTritonLinear, group -1)
             return Built(layer, w64, reference=reference, tol=3e-2,
                          tol_why="the rotation rounds to bfloat16 after each of its operations, as ParoQuant's does")
+        if c.kernel.__name__ == "ParoCpuLinear":  # the int4 kernels' arithmetic
+            return Built(layer, w64, reference=reference, tol=TOL_BF16, tol_why="computes in bfloat16")
         return Built(layer, w64, reference=reference)
 
 
@@ -261,4 +263,4 @@ GPTQ_AWQ = ("TorchLinear", "AwqTorchLinear", "TorchAtenLinear", "TorchAtenAwqLin
             "AWQBitBlasKernel")
 BUILDERS = ((AffineBuilder(), GPTQ_AWQ), (EmbeddingBuilder(), ("TorchQuantEmbeddings",)),
             (QQQBuilder(), ("QQQLinear", "QQQTorchLinear")), (MlxBuilder(), ("MlxTorchLinear", "MlxCpuLinear")),
-            (ParoBuilder(), ("ParoLinear", "ParoQuantTritonLinear")))
+            (ParoBuilder(), ("ParoLinear", "ParoQuantTritonLinear", "ParoCpuLinear")))
