@@ -104,5 +104,6 @@ def test_bad_input_is_named() -> None:
         fast(torch.randn(1, meta["K"] + 1).half())
     p = vptq_cases.params(meta)  # 3 groups of 32 codes of 10 bits: 10 words a vector
     with pytest.raises(ValueError, match=r"W \* 32 >= gs \* bits.*W=2"):
-        vptq_cpu.main_product(torch.randn(2, meta["K"]), torch.zeros(3, 5, 2, dtype=torch.int32),
-                              torch.zeros(3, 64 * 8).half(), torch.zeros(3, 16 * 8).half(), p, meta["N"])
+        codes = vptq_cpu.Codes.of(torch.zeros(3, 5, 2, dtype=torch.int32), torch.zeros(3, 64 * 8).half(),
+                                  torch.zeros(3, 16 * 8).half(), p)
+        vptq_cpu.main_product(torch.randn(2, meta["K"]), codes, meta["N"])

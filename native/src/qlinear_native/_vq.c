@@ -7,18 +7,40 @@
 
 #include "vq.h"
 
-static int parse_dtype(const char *name, const char *dtype, int *dt) {
+/* The fields both calls share, checked, into *c; 0 with a Python error naming the call on failure. */
+static int common(const char *name, vq_call *c, unsigned long long idx, unsigned long long cb, unsigned long long rcb,
+                  long long g, long long j, long long w, long long gs, long long kmain, int v, int cbits, int rbits,
+                  const char *dtype, int threads) {
     if (!strcmp(dtype, "float16"))
-        *dt = VQ_F16;
+        c->dt = VQ_F16;
     else if (!strcmp(dtype, "bfloat16"))
-        *dt = VQ_BF16;
+        c->dt = VQ_BF16;
     else if (!strcmp(dtype, "float32"))
-        *dt = VQ_F32;
+        c->dt = VQ_F32;
     else {
         PyErr_Format(PyExc_ValueError, "%s: expected codebook dtype 'float16', 'bfloat16' or 'float32', got '%s'",
                      name, dtype);
         return 0;
     }
+    if (!idx || !cb || (rbits && !rcb)) {
+        PyErr_Format(PyExc_ValueError, "%s: expected non-null indices and codebook (and residual codebook when "
+                     "rbits > 0)", name);
+        return 0;
+    }
+    if (v < 1 || v > VQ_MAX_V || g < 1 || j < 1 || gs < 1 || kmain < 1 || kmain > g * gs || cbits < 1 ||
+        cbits > 24 || rbits < 0 || rbits > 24 || cbits + rbits > 32 || w * 32 < gs * (cbits + rbits) || threads < 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: expected 1 <= V <= %d, G, J, gs >= 1, 1 <= Kmain <= G * gs, codebook bits 1..24 (+ residual "
+                     "0..24, at most 32), W * 32 >= gs * bits, threads >= 1; got V=%d G=%lld J=%lld gs=%lld "
+                     "Kmain=%lld bits=%d+%d W=%lld threads=%d",
+                     name, VQ_MAX_V, v, g, j, gs, kmain, cbits, rbits, w, threads);
+        return 0;
+    }
+    c->idx = (const uint32_t *)(uintptr_t)idx;
+    c->cb = (const void *)(uintptr_t)cb;
+    c->rcb = rbits ? (const void *)(uintptr_t)rcb : NULL;
+    c->g = g, c->j = j, c->w = w, c->gs = gs, c->kmain = kmain;
+    c->v = v, c->cbits = cbits, c->rbits = rbits, c->threads = threads;
     return 1;
 }
 
@@ -30,31 +52,14 @@ static PyObject *vq_decode(PyObject *self, PyObject *args) {
     vq_call c;
     (void)self;
     if (!PyArg_ParseTuple(args, "KKKKLLLLLLLLiiisi", &idx, &cb, &rcb, &out, &g, &j, &w, &gs, &kmain, &j0, &j1, &ldo,
-                          &v, &cbits, &rbits, &dtype, &threads))
+                          &v, &cbits, &rbits, &dtype, &threads) ||
+        !common("vq_decode", &c, idx, cb, rcb, g, j, w, gs, kmain, v, cbits, rbits, dtype, threads))
         return NULL;
-    if (!parse_dtype("vq_decode", dtype, &c.dt))
-        return NULL;
-    if (!idx || !cb || !out || (rbits && !rcb)) {
-        PyErr_SetString(PyExc_ValueError, "vq_decode: expected non-null indices, codebook and out (and residual "
-                                          "codebook when rbits > 0)");
-        return NULL;
-    }
-    if (v < 1 || v > VQ_MAX_V || g < 1 || j < 1 || gs < 1 || kmain < 1 || kmain > g * gs || cbits < 1 ||
-        cbits > 24 || rbits < 0 || rbits > 24 || cbits + rbits > 32 || w * 32 < gs * (cbits + rbits) || j0 < 0 ||
-        j1 <= j0 || j1 > j || ldo < (j1 - j0) * v || threads < 1) {
-        PyErr_Format(PyExc_ValueError,
-                     "vq_decode: expected 1 <= V <= %d, G, J, gs >= 1, 1 <= Kmain <= G * gs, codebook bits 1..24 (+ "
-                     "residual 0..24, at most 32), W * 32 >= gs * bits, 0 <= j0 < j1 <= J, ldo >= (j1 - j0) V, threads >= "
-                     "1; got V=%d G=%lld J=%lld gs=%lld Kmain=%lld bits=%d+%d W=%lld j0=%lld j1=%lld ldo=%lld "
-                     "threads=%d",
-                     VQ_MAX_V, v, g, j, gs, kmain, cbits, rbits, w, j0, j1, ldo, threads);
+    if (!out || j0 < 0 || j1 <= j0 || j1 > j || ldo < (j1 - j0) * v) {
+        PyErr_Format(PyExc_ValueError, "vq_decode: expected a non-null out, 0 <= j0 < j1 <= J, ldo >= (j1 - j0) V; "
+                     "got out=%llu j0=%lld j1=%lld J=%lld ldo=%lld V=%d", out, j0, j1, j, ldo, v);
         return NULL;
     }
-    c.idx = (const uint32_t *)(uintptr_t)idx;
-    c.cb = (const void *)(uintptr_t)cb;
-    c.rcb = rbits ? (const void *)(uintptr_t)rcb : NULL;
-    c.g = g, c.j = j, c.w = w, c.gs = gs, c.kmain = kmain;
-    c.v = v, c.cbits = cbits, c.rbits = rbits, c.threads = threads;
     Py_BEGIN_ALLOW_THREADS
     vq_decode_cols(&c, j0, j1, (uint16_t *)(uintptr_t)out, ldo);
     Py_END_ALLOW_THREADS
@@ -69,33 +74,18 @@ static PyObject *vq_mv(PyObject *self, PyObject *args) {
     vq_call c;
     (void)self;
     if (!PyArg_ParseTuple(args, "KKKKKLLLLLLLLiiisi", &idx, &cb, &rcb, &x, &y, &m, &g, &j, &w, &gs, &kmain, &ldx,
-                          &ldy, &v, &cbits, &rbits, &dtype, &threads))
+                          &ldy, &v, &cbits, &rbits, &dtype, &threads) ||
+        !common("vq_mv", &c, idx, cb, rcb, g, j, w, gs, kmain, v, cbits, rbits, dtype, threads))
         return NULL;
-    if (!parse_dtype("vq_mv", dtype, &c.dt))
-        return NULL;
-    if (!idx || !cb || !x || !y || (rbits && !rcb)) {
-        PyErr_SetString(PyExc_ValueError, "vq_mv: expected non-null indices, codebook, x and y (and residual "
-                                          "codebook when rbits > 0)");
-        return NULL;
-    }
-    if (m < 1 || m > VQ_MAX_M || v < 1 || v > VQ_MAX_V || g < 1 || j < 1 || gs < 1 || kmain < 1 ||
-        kmain > g * gs || cbits < 1 || cbits > 24 || rbits < 0 || rbits > 24 || cbits + rbits > 32 ||
-        w * 32 < gs * (cbits + rbits) || ldx < kmain || ldy < j * v || threads < 1) {
-        PyErr_Format(PyExc_ValueError,
-                     "vq_mv: expected 1 <= M <= %d, 1 <= V <= %d, G, J, gs >= 1, 1 <= Kmain <= G * gs, codebook bits "
-                     "1..24 (+ residual 0..24, at most 32), W * 32 >= gs * bits, ldx >= Kmain, ldy >= J * V, "
-                     "threads >= 1; got M=%lld V=%d G=%lld J=%lld gs=%lld Kmain=%lld bits=%d+%d W=%lld ldx=%lld "
-                     "ldy=%lld threads=%d",
-                     VQ_MAX_M, VQ_MAX_V, m, v, g, j, gs, kmain, cbits, rbits, w, ldx, ldy, threads);
+    if (!x || !y || m < 1 || m > VQ_MAX_M || ldx < kmain || ldy < j * v) {
+        PyErr_Format(PyExc_ValueError, "vq_mv: expected non-null x and y, 1 <= M <= %d, ldx >= Kmain, ldy >= J * V; "
+                     "got x=%llu y=%llu M=%lld ldx=%lld Kmain=%lld ldy=%lld J=%lld V=%d",
+                     VQ_MAX_M, x, y, m, ldx, kmain, ldy, j, v);
         return NULL;
     }
-    c.idx = (const uint32_t *)(uintptr_t)idx;
-    c.cb = (const void *)(uintptr_t)cb;
-    c.rcb = rbits ? (const void *)(uintptr_t)rcb : NULL;
     c.x = (const float *)(uintptr_t)x;
     c.y = (float *)(uintptr_t)y;
-    c.m = m, c.g = g, c.j = j, c.w = w, c.gs = gs, c.kmain = kmain, c.ldx = ldx, c.ldy = ldy;
-    c.v = v, c.cbits = cbits, c.rbits = rbits, c.threads = threads;
+    c.m = m, c.ldx = ldx, c.ldy = ldy;
     Py_BEGIN_ALLOW_THREADS
     vq_run(&c);
     Py_END_ALLOW_THREADS

@@ -66,37 +66,62 @@ static inline void load_entry(const void *cb, int dt, int64_t row, int v, float 
     }
 }
 
-/* Code t of a stream of w words. */
-static inline uint32_t code_at(const uint32_t *s, int64_t w, int64_t t, int bits, uint32_t mask) {
+/* Vector j's code stream in group g. */
+static inline const uint32_t *stream(const vq_call *c, int64_t g, int64_t j) { return c->idx + (g * c->j + j) * c->w; }
+
+/* Code t of a stream; 16-bit codes (k65536 alone) are halfword t, little-endian. */
+static inline uint32_t code_at(const vq_call *c, const uint32_t *s, int64_t t) {
+    const int bits = c->cbits + c->rbits;
+    if (bits == 16)
+        return ((const uint16_t *)s)[t];
     const int64_t bit = t * bits, word = bit >> 5;
     uint64_t u = s[word];
-    if (word + 1 < w)
+    if (word + 1 < c->w)
         u |= (uint64_t)s[word + 1] << 32;
-    return (uint32_t)(u >> (bit & 31)) & mask;
+    return (uint32_t)(u >> (bit & 31)) & (bits >= 32 ? 0xFFFFFFFFu : (1u << bits) - 1u);
 }
 
+/* Main columns of group g: the first, and how many (the last group may be padded past Kmain). */
+static inline int64_t group_cols(const vq_call *c, int64_t g, int64_t *c0) {
+    *c0 = g * c->gs;
+    return c->kmain - *c0 < c->gs ? c->kmain - *c0 : c->gs;
+}
+
+/* The V float32 values a code stands for in group g: its codebook entry plus its residual entry (exact sums of
+ * float16 / bfloat16 values in float32, as vq_mv and vq_decode both form them). */
+static inline void entry(const vq_call *c, int64_t g, uint32_t code, float *e) {
+    float r[VQ_MAX_V];
+    load_entry(c->cb, c->dt, (g << c->cbits) + (code & ((1u << c->cbits) - 1u)), c->v, e);
+    if (c->rcb) {
+        load_entry(c->rcb, c->dt, (g << c->rbits) + (code >> c->cbits), c->v, r);
+        for (int i = 0; i < c->v; i++)
+            e[i] += r[i];
+    }
+}
 
 #if VQ_AVX2
-/* V == 8, float16 codebooks: one F16C conversion per entry, one FMA per row. */
+/* entry() for V == 8 and float16 codebooks: one F16C conversion per table. */
+static inline __m256 entry8(const vq_call *c, int64_t g, uint32_t code) {
+    const uint16_t *cb = (const uint16_t *)c->cb + ((g << c->cbits) + (code & ((1u << c->cbits) - 1u))) * 8;
+    __m256 e = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)cb));
+    if (c->rcb) {
+        const uint16_t *rcb = (const uint16_t *)c->rcb + ((g << c->rbits) + (code >> c->cbits)) * 8;
+        e = _mm256_add_ps(e, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rcb)));
+    }
+    return e;
+}
+
+/* V == 8, float16 codebooks: one FMA per row and code. */
 static void vector8_f16(const vq_call *c, int64_t j) {
     __m256 acc[VQ_MAX_M];
-    const int bits = c->cbits + c->rbits;
-    const uint32_t mask = bits >= 32 ? 0xFFFFFFFFu : (1u << bits) - 1u, cmask = (1u << c->cbits) - 1u;
-    const int64_t ccount = (int64_t)1 << c->cbits, rcount = c->rbits ? (int64_t)1 << c->rbits : 0;
     for (int64_t m = 0; m < c->m; m++)
         acc[m] = _mm256_setzero_ps();
     for (int64_t g = 0; g < c->g; g++) {
-        const uint32_t *s = c->idx + (g * c->j + j) * c->w;
-        const uint16_t *cbg = (const uint16_t *)c->cb + g * ccount * 8;
-        const uint16_t *rcbg = c->rcb ? (const uint16_t *)c->rcb + g * rcount * 8 : NULL;
-        const int64_t c0 = g * c->gs, tmax = c->kmain - c0 < c->gs ? c->kmain - c0 : c->gs;
-        const uint16_t *s16 = (const uint16_t *)s; /* 16-bit codes (k65536 alone): halfword t, little-endian */
+        int64_t c0;
+        const int64_t tmax = group_cols(c, g, &c0);
+        const uint32_t *s = stream(c, g, j);
         for (int64_t t = 0; t < tmax; t++) {
-            const uint32_t code = bits == 16 ? s16[t] : code_at(s, c->w, t, bits, mask);
-            __m256 e = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cbg + (int64_t)(code & cmask) * 8)));
-            if (rcbg)
-                e = _mm256_add_ps(e, _mm256_cvtph_ps(
-                                         _mm_loadu_si128((const __m128i *)(rcbg + (int64_t)(code >> c->cbits) * 8))));
+            const __m256 e = entry8(c, g, code_at(c, s, t));
             for (int64_t m = 0; m < c->m; m++)
                 acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(c->x[m * c->ldx + c0 + t]), e, acc[m]);
         }
@@ -104,30 +129,22 @@ static void vector8_f16(const vq_call *c, int64_t j) {
     for (int64_t m = 0; m < c->m; m++)
         _mm256_storeu_ps(c->y + m * c->ldy + j * 8, acc[m]);
 }
+
 /* V == 8, float16 codebooks, one or two rows: four sets of sums taking turns over the codes, so consecutive FMAs
  * do not wait on each other (one chain of 4-cycle FMAs bounded the one-row kernel). */
 static void vector8_f16_few(const vq_call *c, int64_t j) {
     __m256 acc[4][2];
-    const int bits = c->cbits + c->rbits;
-    const uint32_t mask = bits >= 32 ? 0xFFFFFFFFu : (1u << bits) - 1u, cmask = (1u << c->cbits) - 1u;
-    const int64_t ccount = (int64_t)1 << c->cbits, rcount = c->rbits ? (int64_t)1 << c->rbits : 0;
     for (int u = 0; u < 4; u++)
         acc[u][0] = acc[u][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < c->g; g++) {
-        const uint32_t *s = c->idx + (g * c->j + j) * c->w;
-        const uint16_t *s16 = (const uint16_t *)s;
-        const uint16_t *cbg = (const uint16_t *)c->cb + g * ccount * 8;
-        const uint16_t *rcbg = c->rcb ? (const uint16_t *)c->rcb + g * rcount * 8 : NULL;
-        const int64_t c0 = g * c->gs, tmax = c->kmain - c0 < c->gs ? c->kmain - c0 : c->gs;
+        int64_t c0;
+        const int64_t tmax = group_cols(c, g, &c0);
         const float *x0 = c->x + c0, *x1 = c->x + c->ldx + c0;
+        const uint32_t *s = stream(c, g, j);
         for (int64_t t0 = 0; t0 < tmax; t0 += 4) {
             for (int u = 0; u < 4 && t0 + u < tmax; u++) {
                 const int64_t t = t0 + u;
-                const uint32_t code = bits == 16 ? s16[t] : code_at(s, c->w, t, bits, mask);
-                __m256 e = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cbg + (int64_t)(code & cmask) * 8)));
-                if (rcbg)
-                    e = _mm256_add_ps(e, _mm256_cvtph_ps(_mm_loadu_si128(
-                                             (const __m128i *)(rcbg + (int64_t)(code >> c->cbits) * 8))));
+                const __m256 e = entry8(c, g, code_at(c, s, t));
                 acc[u][0] = _mm256_fmadd_ps(_mm256_set1_ps(x0[t]), e, acc[u][0]);
                 if (c->m == 2)
                     acc[u][1] = _mm256_fmadd_ps(_mm256_set1_ps(x1[t]), e, acc[u][1]);
@@ -138,36 +155,49 @@ static void vector8_f16_few(const vq_call *c, int64_t j) {
         _mm256_storeu_ps(c->y + m * c->ldy + j * 8, _mm256_add_ps(_mm256_add_ps(acc[0][m], acc[1][m]),
                                                                   _mm256_add_ps(acc[2][m], acc[3][m])));
 }
-#endif
 
+/* float32 -> bfloat16, round to nearest even, as ql_bf16 (finite values) */
+static inline __m128i bf16x8(__m256 e) {
+    const __m256i u = _mm256_castps_si256(e);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd)), 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+/* V == 8, float16 codebooks: vectors jb..jb+nb-1 (nb <= 4) side by side, so each column's nb codes fill one 64-byte
+ * run of the tile (a whole cache line when aligned) instead of nb scattered 16-byte pieces. */
+static void decode8_f16(const vq_call *c, int64_t jb, int64_t nb, uint16_t *col, int64_t ldo) {
+    for (int64_t g = 0; g < c->g; g++) {
+        int64_t c0;
+        const int64_t tmax = group_cols(c, g, &c0);
+        for (int64_t t = 0; t < tmax; t++)
+            for (int64_t q = 0; q < nb; q++) {
+                const __m256 e = entry8(c, g, code_at(c, stream(c, g, jb + q), t));
+                _mm_storeu_si128((__m128i *)(col + (c0 + t) * ldo + q * 8), bf16x8(e));
+            }
+    }
+}
+#endif
 
 /* Any V <= VQ_MAX_V and codebook dtype: scalar loops the compiler may vectorise. */
 static void vector_any(const vq_call *c, int64_t j) {
-    float acc[VQ_MAX_M][VQ_MAX_V], e[VQ_MAX_V], r[VQ_MAX_V];
-    const int v = c->v, bits = c->cbits + c->rbits;
-    const uint32_t mask = bits >= 32 ? 0xFFFFFFFFu : (1u << bits) - 1u, cmask = (1u << c->cbits) - 1u;
-    const int64_t ccount = (int64_t)1 << c->cbits, rcount = c->rbits ? (int64_t)1 << c->rbits : 0;
+    float acc[VQ_MAX_M][VQ_MAX_V], e[VQ_MAX_V];
     memset(acc, 0, sizeof(acc));
     for (int64_t g = 0; g < c->g; g++) {
-        const uint32_t *s = c->idx + (g * c->j + j) * c->w;
-        const int64_t c0 = g * c->gs, tmax = c->kmain - c0 < c->gs ? c->kmain - c0 : c->gs;
+        int64_t c0;
+        const int64_t tmax = group_cols(c, g, &c0);
+        const uint32_t *s = stream(c, g, j);
         for (int64_t t = 0; t < tmax; t++) {
-            const uint32_t code = code_at(s, c->w, t, bits, mask);
-            load_entry(c->cb, c->dt, g * ccount + (code & cmask), v, e);
-            if (c->rcb) {
-                load_entry(c->rcb, c->dt, g * rcount + (code >> c->cbits), v, r);
-                for (int i = 0; i < v; i++)
-                    e[i] += r[i];
-            }
+            entry(c, g, code_at(c, s, t), e);
             for (int64_t m = 0; m < c->m; m++) {
                 const float xv = c->x[m * c->ldx + c0 + t];
-                for (int i = 0; i < v; i++)
+                for (int i = 0; i < c->v; i++)
                     acc[m][i] += xv * e[i];
             }
         }
     }
     for (int64_t m = 0; m < c->m; m++)
-        memcpy(c->y + m * c->ldy + j * v, acc[m], (size_t)v * 4);
+        memcpy(c->y + m * c->ldy + j * c->v, acc[m], (size_t)c->v * 4);
 }
 
 void vq_run(const vq_call *c) {
@@ -193,82 +223,36 @@ void vq_run(const vq_call *c) {
 }
 
 /* Vectors j0..j1-1 of the main weight decoded to bfloat16, transposed for the caller's GEMM: out[c][(j - j0) V + v]
- * = bf16(cb[main][v] + rcb[res][v]) for main columns c < kmain (the sum in float32, one rounding to nearest even),
- * so each code's V values are one contiguous store. */
-#if VQ_AVX2
-static inline __m128i bf16x8(__m256 e) { /* round to nearest even, as ql_bf16 (finite values) */
-    const __m256i u = _mm256_castps_si256(e);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd)), 16);
-    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
-#endif
-
-/* V == 8, float16 codebooks: vectors jb..jb+nb-1 (nb <= 4) side by side, so each column's nb codes fill one 64-byte
- * run of the tile (a whole cache line when aligned) instead of nb scattered 16-byte pieces. */
-#if VQ_AVX2
-static void decode8_f16(const vq_call *c, int64_t jb, int64_t nb, uint16_t *col, int64_t ldo) {
-    const int bits = c->cbits + c->rbits;
-    const uint32_t mask = bits >= 32 ? 0xFFFFFFFFu : (1u << bits) - 1u, cmask = (1u << c->cbits) - 1u;
-    const int64_t ccount = (int64_t)1 << c->cbits, rcount = c->rbits ? (int64_t)1 << c->rbits : 0;
-    for (int64_t g = 0; g < c->g; g++) {
-        const uint16_t *cbg = (const uint16_t *)c->cb + g * ccount * 8;
-        const uint16_t *rcbg = c->rcb ? (const uint16_t *)c->rcb + g * rcount * 8 : NULL;
-        const int64_t c0 = g * c->gs, tmax = c->kmain - c0 < c->gs ? c->kmain - c0 : c->gs;
-        for (int64_t t = 0; t < tmax; t++) {
-            uint16_t *dst = col + (c0 + t) * ldo;
-            for (int64_t q = 0; q < nb; q++) {
-                const uint32_t *s = c->idx + (g * c->j + jb + q) * c->w;
-                const uint32_t code = bits == 16 ? ((const uint16_t *)s)[t] : code_at(s, c->w, t, bits, mask);
-                __m256 ev = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cbg + (int64_t)(code & cmask) * 8)));
-                if (rcbg)
-                    ev = _mm256_add_ps(ev, _mm256_cvtph_ps(_mm_loadu_si128(
-                                               (const __m128i *)(rcbg + (int64_t)(code >> c->cbits) * 8))));
-                _mm_storeu_si128((__m128i *)(dst + q * 8), bf16x8(ev));
-            }
-        }
-    }
-}
-#endif
-
+ * = bf16(entry(code)[v]) for main columns c < kmain (one rounding to nearest even), so each code's V values are one
+ * contiguous store; threads take blocks of 4 vectors. */
 void vq_decode_cols(const vq_call *c, int64_t j0, int64_t j1, uint16_t *out, int64_t ldo) {
-    const int v = c->v, bits = c->cbits + c->rbits;
-    const uint32_t mask = bits >= 32 ? 0xFFFFFFFFu : (1u << bits) - 1u, cmask = (1u << c->cbits) - 1u;
-    const int64_t ccount = (int64_t)1 << c->cbits, rcount = c->rbits ? (int64_t)1 << c->rbits : 0;
-    const int64_t units = (j1 - j0 + 3) / 4; /* blocks of 4 vectors */
+    const int64_t units = (j1 - j0 + 3) / 4;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(ql_threads(c->threads, units))
 #endif
     {
         int64_t lo, hi;
-        float e[VQ_MAX_V], r[VQ_MAX_V];
+        float e[VQ_MAX_V];
         ql_thread_share(units, &lo, &hi);
         for (int64_t u = lo; u < hi; u++) {
             const int64_t jb = j0 + 4 * u, nb = j1 - jb < 4 ? j1 - jb : 4;
 #if VQ_AVX2
-            if (v == 8 && c->dt == VQ_F16) {
+            if (c->v == 8 && c->dt == VQ_F16) {
                 decode8_f16(c, jb, nb, out + (jb - j0) * 8, ldo);
                 continue;
             }
 #endif
-            for (int64_t j = jb; j < jb + nb; j++) {
-                uint16_t *col = out + (j - j0) * v;
+            for (int64_t j = jb; j < jb + nb; j++)
                 for (int64_t g = 0; g < c->g; g++) {
-                    const uint32_t *s = c->idx + (g * c->j + j) * c->w;
-                    const int64_t c0 = g * c->gs, tmax = c->kmain - c0 < c->gs ? c->kmain - c0 : c->gs;
+                    int64_t c0;
+                    const int64_t tmax = group_cols(c, g, &c0);
+                    const uint32_t *s = stream(c, g, j);
                     for (int64_t t = 0; t < tmax; t++) {
-                        const uint32_t code = bits == 16 ? ((const uint16_t *)s)[t] : code_at(s, c->w, t, bits, mask);
-                        load_entry(c->cb, c->dt, g * ccount + (code & cmask), v, e);
-                        if (c->rcb) {
-                            load_entry(c->rcb, c->dt, g * rcount + (code >> c->cbits), v, r);
-                            for (int i = 0; i < v; i++)
-                                e[i] += r[i];
-                        }
-                        for (int i = 0; i < v; i++)
-                            col[(c0 + t) * ldo + i] = ql_bf16(e[i]);
+                        entry(c, g, code_at(c, s, t), e);
+                        for (int i = 0; i < c->v; i++)
+                            out[(c0 + t) * ldo + (j - j0) * c->v + i] = ql_bf16(e[i]);
                     }
                 }
-            }
         }
     }
 }

@@ -16,6 +16,7 @@ float32 (``tests/test_vptq_cpu.py`` bounds both against float64). A forward that
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
@@ -45,52 +46,60 @@ def native() -> ModuleType:
         raise ImportError(f"VPTQCpuLinear needs qlinear's native extra: pip install {INSTALL}") from err
 
 
-def main_product(xm: torch.Tensor, indices: torch.Tensor, cb: torch.Tensor, rcb: torch.Tensor | None,
-                 p: vptq.VptqParams, n: int) -> torch.Tensor:
+@dataclass(frozen=True)
+class Codes:
+    """The main codes and codebooks as both native calls take them: the tensors (kept alive: the calls read their
+    pointers) and the layer sizes, in the calls' argument order."""
+
+    tensors: tuple[torch.Tensor, ...]
+    pointers: tuple[int, int, int]  # indices, codebook, residual codebook (0: none)
+    sizes: tuple[int, int, int, int]  # G, J, W, group size
+    v: int
+    bits: tuple[int, int]  # codebook index bits, residual index bits
+    dtype: str
+
+    @classmethod
+    def of(cls, indices: torch.Tensor, cb: torch.Tensor, rcb: torch.Tensor | None, p: vptq.VptqParams) -> Codes:
+        idx, cbc = indices.contiguous(), cb.contiguous()
+        res = rcb.contiguous() if rcb is not None else None
+        keep = (idx, cbc) if res is None else (idx, cbc, res)
+        return cls(keep, (idx.data_ptr(), cbc.data_ptr(), res.data_ptr() if res is not None else 0),
+                   (*idx.shape, p.group_size), p.vector_len, (p.index_bits, p.total_bits - p.index_bits),
+                   str(cb.dtype).removeprefix("torch."))
+
+
+def main_product(xm: torch.Tensor, codes: Codes, n: int) -> torch.Tensor:
     """``xm [M, Kmain]`` float32 (decoded-column order, outliers removed, norm scale folded in) times the main
     weight: float32 ``[M, N]``, ``vq_mv`` once per 8 rows."""
     mod = native()
     m, kmain = xm.shape
-    g, j, w = indices.shape
-    v = p.vector_len
+    j, v = codes.sizes[1], codes.v
     y = torch.empty(m, j * v, dtype=torch.float32)
     xm = xm.contiguous()
-    idx, cbc = indices.contiguous(), cb.contiguous()
-    res = rcb.contiguous() if rcb is not None else None
-    dtype = str(cb.dtype).removeprefix("torch.")
     step = mod.max_m()
     for m0 in range(0, m, step):
-        rows = min(step, m - m0)
-        mod.vq_mv(idx.data_ptr(), cbc.data_ptr(), res.data_ptr() if res is not None else 0,
-                  xm[m0:].data_ptr(), y[m0:].data_ptr(), rows, g, j, w, p.group_size, kmain, kmain, j * v, v,
-                  p.index_bits, p.total_bits - p.index_bits, dtype, torch.get_num_threads())
+        mod.vq_mv(*codes.pointers, xm[m0:].data_ptr(), y[m0:].data_ptr(), min(step, m - m0), *codes.sizes, kmain,
+                  kmain, j * v, v, *codes.bits, codes.dtype, torch.get_num_threads())
     return y[:, :n]
 
 
-def decode_product(xm: torch.Tensor, indices: torch.Tensor, cb: torch.Tensor, rcb: torch.Tensor | None,
-                   p: vptq.VptqParams, n: int) -> torch.Tensor:
+def decode_product(xm: torch.Tensor, codes: Codes, n: int) -> torch.Tensor:
     """The same product for larger M: ``vq_decode`` writes a tile of output rows in bfloat16, transposed (``[Kmain,
     rows]``, about ``TILE_ELEMENTS`` values, reused), one bfloat16 GEMM per tile (float32 sums, bfloat16 results):
     float32 ``[M, N]``. No decoded row outlives its tile."""
     mod = native()
     m, kmain = xm.shape
-    g, j, w = indices.shape
-    v = p.vector_len
+    j, v = codes.sizes[1], codes.v
     per = max(1, TILE_ELEMENTS // (kmain * v))  # vectors a tile
     width = min(per, j) * v
     tile = torch.empty(kmain, width, dtype=torch.bfloat16)
     xb = xm.to(torch.bfloat16)
     y = torch.empty(m, j * v, dtype=torch.float32)
-    idx, cbc = indices.contiguous(), cb.contiguous()
-    res = rcb.contiguous() if rcb is not None else None
-    dtype = str(cb.dtype).removeprefix("torch.")
     for j0 in range(0, j, per):
         j1 = min(j, j0 + per)
-        cols = tile[:, :(j1 - j0) * v]
-        mod.vq_decode(idx.data_ptr(), cbc.data_ptr(), res.data_ptr() if res is not None else 0, tile.data_ptr(), g,
-                      j, w, p.group_size, kmain, j0, j1, width, v, p.index_bits, p.total_bits - p.index_bits, dtype,
-                      torch.get_num_threads())
-        y[:, j0 * v:j1 * v] = torch.mm(xb, cols)
+        mod.vq_decode(*codes.pointers, tile.data_ptr(), *codes.sizes, kmain, j0, j1, width, v, *codes.bits,
+                      codes.dtype, torch.get_num_threads())
+        y[:, j0 * v:j1 * v] = torch.mm(xb, tile[:, :(j1 - j0) * v])
     return y[:, :n]
 
 
@@ -153,7 +162,7 @@ class VPTQCpuLinear(VPTQLinear):
             extra = xm @ self._rt_bias[os_:].float()
             xm = xm * self._rt_scale[os_:].float()
         product = main_product if x2.shape[0] <= MV_MAX_M else decode_product
-        y = product(xm, t["indices"], t["centroids.weight"], t.get("res_centroids.weight"), p, n)
+        y = product(xm, Codes.of(t["indices"], t["centroids.weight"], t.get("res_centroids.weight"), p), n)
         if extra is not None:
             y += extra[:, None]
         if os_:

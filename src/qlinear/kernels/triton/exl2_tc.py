@@ -106,12 +106,10 @@ def segment_splits(packs: list[Packed], units_: list[int], split: int) -> list[i
 
 def exl2_tc(xs: torch.Tensor, plan: exl2_runtime.XPlan, packs: list[Packed], cfg: Config, bias: torch.Tensor | None,
             lock: torch.Tensor, use_asm: bool) -> torch.Tensor:
-    """``y [M, N]`` from the gathered activations ``xs`` (``plan``'s columns) and the segments, in one launch.
-    ``cfg`` sets the shared tiling (``block_n``, warps, prefetch, staged x, parameter loads) and the total split,
-    shared among the segments by bytes."""
-    why = fused_reasons(packs, xs.shape[0], xs.dtype, xs.device)
-    if why:
-        raise ValueError("exl2_tc cannot run this call: " + "; ".join(why))
+    """``y [M, N]`` from the gathered activations ``xs`` (``plan``'s columns) and the segments, in one launch, for a
+    call ``fused_reasons`` accepts (the caller asks it first: ``Exl2TritonLinear.fused_config``). ``cfg`` sets the
+    shared tiling (``block_n``, warps, prefetch, staged x, parameter loads) and the total split, shared among the
+    segments by bytes."""
     m, n, np_ = xs.shape[0], packs[0].n, packs[0].np
     y = torch.empty((m, n), dtype=xs.dtype, device=xs.device)
     if m == 0:
