@@ -19,4 +19,5 @@ setup(ext_modules=[Extension("qlinear_native._decode", [SRC + "_decode.c"], extr
                              depends=[SRC + "lut4.h", COMMON], **KERNEL),
                    Extension("qlinear_native._vq", [SRC + f for f in ("_vq.c", "vq.c")], depends=[SRC + "vq.h", COMMON],
                              **KERNEL),
-                   Extension("qlinear_native._exl3", [SRC + "_exl3.c"], depends=[COMMON], **KERNEL)])
+                   Extension("qlinear_native._exl3", [SRC + "_exl3.c", SRC + "exl3.c"],
+                             depends=[SRC + "exl3.h", COMMON], **KERNEL)])

@@ -1,76 +1,40 @@
-/* EXL3 trellis tiles decoded to float32 on a CPU (qlinear_native._exl3), for ExllamaV3TorchLinear's product.
- *
- * Layout (qlinear's layouts/exl3.py): trellis int16 [KT][NT][16 * bits] holds one 16x16 tile per (kt, nt) as a
- * cyclic bit stream read in 16-bit words with each pair swapped (word j ^ 1). The 16-bit state of stream position t
- * is the 16 stream bits ending with symbol t: bits [start, start + 16) with start = (t * bits + bits - 16) mod
- * (16 * 16 * bits); position t sits at tile row 2 (lane % 4) + (item % 2) + 8 ((item / 2) % 2), column lane / 4 +
- * 8 (item / 4), lane = t / 8, item = t % 8 (the tensor-core fragment order). The value of a state is table[state]
- * (the caller's float32 copy of the float16 codebook table: exact).
- *
- * exl3_decode writes out[kt * 16 + r][(nt - nt0) * 16 + c] for tiles nt0 <= nt < nt1: the values
- * layouts.exl3.inner_weight gives, bit for bit. Threads take whole rows of tiles (kt) in a fixed order.
- */
+/* Python bindings of qlinear's native EXL3 kernels (qlinear_native._exl3): argument checks, the GIL released around
+ * the kernels. Pointers are passed as integers (tensor data_ptr()); layout and arithmetic in exl3.c. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+
 #include <string.h>
 
-#include "cpu_common.h"
+#include "exl3.h"
 
-/* Per tile element (row-major r * 16 + c): the two word indices of its state and the right shift. */
-typedef struct {
-    uint16_t w0[256], w1[256];
-    uint8_t shift[256];
-} exl3_plan;
-
-static void make_plan(int bits, exl3_plan *p) {
-    const int64_t nw = 16 * (int64_t)bits, len = nw * 16;
-    for (int t = 0; t < 256; t++) {
-        const int lane = t / 8, item = t % 8;
-        const int r = 2 * (lane % 4) + (item % 2) + 8 * ((item / 2) % 2), c = lane / 4 + 8 * (item / 4);
-        const int64_t start = (((int64_t)t * bits + bits - 16) % len + len) % len;
-        const int64_t w = start / 16;
-        const int e = r * 16 + c;
-        p->w0[e] = (uint16_t)(w ^ 1);
-        p->w1[e] = (uint16_t)(((w + 1) % nw) ^ 1);
-        p->shift[e] = (uint8_t)(16 - start % 16);
+/* "3inst", "mcg", "mul1" (computed) or "table" (looked up) into *cb; 0 with a Python error naming the call. */
+static int codebook_of(const char *name, const char *s, exl3_codebook *cb) {
+    if (!strcmp(s, "3inst"))
+        *cb = EXL3_3INST;
+    else if (!strcmp(s, "mcg"))
+        *cb = EXL3_MCG;
+    else if (!strcmp(s, "mul1"))
+        *cb = EXL3_MUL1;
+    else if (!strcmp(s, "table"))
+        *cb = EXL3_TABLE;
+    else {
+        PyErr_Format(PyExc_ValueError, "%s: expected codebook '3inst', 'mcg', 'mul1' or 'table', got '%s'", name, s);
+        return 0;
     }
-}
-
-static void decode(const uint16_t *trellis, const float *table, float *out, int64_t kt_n, int64_t nt_n, int bits,
-                   int64_t nt0, int64_t nt1, int64_t ldo, int threads, const exl3_plan *p) {
-    const int64_t nw = 16 * (int64_t)bits;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(ql_threads(threads, kt_n))
-#endif
-    {
-        int64_t lo, hi;
-        ql_thread_share(kt_n, &lo, &hi);
-        for (int64_t kt = lo; kt < hi; kt++) {
-            for (int64_t nt = nt0; nt < nt1; nt++) {
-                const uint16_t *wd = trellis + (kt * nt_n + nt) * nw;
-                float *tile = out + kt * 16 * ldo + (nt - nt0) * 16;
-                for (int r = 0; r < 16; r++) {
-                    float *row = tile + r * ldo;
-                    for (int c = 0; c < 16; c++) {
-                        const int e = r * 16 + c;
-                        const uint32_t pair = ((uint32_t)wd[p->w0[e]] << 16) | wd[p->w1[e]];
-                        row[c] = table[(pair >> p->shift[e]) & 0xFFFFu];
-                    }
-                }
-            }
-        }
-    }
+    return 1;
 }
 
 static PyObject *exl3_decode(PyObject *self, PyObject *args) {
     unsigned long long trellis, table, out;
     long long kt_n, nt_n, nt0, nt1, ldo;
     int bits, threads;
+    const char *codebook;
+    exl3_codebook cb;
     exl3_plan plan;
     (void)self;
-    if (!PyArg_ParseTuple(args, "KKKLLiLLLi", &trellis, &table, &out, &kt_n, &nt_n, &bits, &nt0, &nt1, &ldo,
-                          &threads))
+    if (!PyArg_ParseTuple(args, "KKKLLiLLLis", &trellis, &table, &out, &kt_n, &nt_n, &bits, &nt0, &nt1, &ldo,
+                          &threads, &codebook) || !codebook_of("exl3_decode", codebook, &cb))
         return NULL;
     if (!trellis || !table || !out) {
         PyErr_SetString(PyExc_ValueError, "exl3_decode: expected non-null trellis, table and out pointers");
@@ -84,18 +48,51 @@ static PyObject *exl3_decode(PyObject *self, PyObject *args) {
                      kt_n, nt_n, bits, nt0, nt1, ldo, threads);
         return NULL;
     }
-    make_plan(bits, &plan);
+    exl3_make_plan(bits, cb, &plan);
     Py_BEGIN_ALLOW_THREADS
-    decode((const uint16_t *)(uintptr_t)trellis, (const float *)(uintptr_t)table, (float *)(uintptr_t)out, kt_n,
-           nt_n, bits, nt0, nt1, ldo, threads, &plan);
+    exl3_decode_tiles((const uint16_t *)(uintptr_t)trellis, (const float *)(uintptr_t)table,
+                      (float *)(uintptr_t)out, kt_n, nt_n, nt0, nt1, ldo, threads, &plan);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *exl3_mv_call(PyObject *self, PyObject *args) {
+    unsigned long long trellis, table, x, y;
+    long long m, kt_n, nt_n;
+    int bits, threads;
+    const char *codebook;
+    exl3_codebook cb;
+    exl3_plan plan;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKKKLLLiis", &trellis, &table, &x, &y, &m, &kt_n, &nt_n, &bits, &threads,
+                          &codebook) || !codebook_of("exl3_mv", codebook, &cb))
+        return NULL;
+    if (!trellis || !table || !x || !y) {
+        PyErr_SetString(PyExc_ValueError, "exl3_mv: expected non-null trellis, table, x and y pointers");
+        return NULL;
+    }
+    if (m < 1 || kt_n < 1 || nt_n < 1 || bits < 1 || bits > 8 || threads < 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "exl3_mv: expected M, KT, NT >= 1, bits 1..8, threads >= 1; got M=%lld KT=%lld NT=%lld "
+                     "bits=%d threads=%d", m, kt_n, nt_n, bits, threads);
+        return NULL;
+    }
+    exl3_make_plan(bits, cb, &plan);
+    Py_BEGIN_ALLOW_THREADS
+    exl3_mv((const uint16_t *)(uintptr_t)trellis, (const float *)(uintptr_t)table, (const float *)(uintptr_t)x,
+            (float *)(uintptr_t)y, m, kt_n, nt_n, threads, &plan);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
 static PyMethodDef METHODS[] = {
     {"exl3_decode", exl3_decode, METH_VARARGS,
-     "exl3_decode(trellis, table, out, KT, NT, bits, nt0, nt1, ldo, threads): tiles nt0..nt1-1 of the EXL3 inner "
-     "weight into out [16 KT, ldo] float32 (table: the codebook's 65536 values as float32); pointers as integers"},
+     "exl3_decode(trellis, table, out, KT, NT, bits, nt0, nt1, ldo, threads, codebook): tiles nt0..nt1-1 of the "
+     "EXL3 inner weight into out [16 KT, ldo] float32 (table: the codebook's 65536 values as float32, used where "
+     "the codebook's values are not computed: codebook 'table', or no AVX-512); pointers as integers"},
+    {"exl3_mv", exl3_mv_call, METH_VARARGS,
+     "exl3_mv(trellis, table, x, y, M, KT, NT, bits, threads, codebook): y [M, 16 NT] = x [M, 16 KT] (float32, contiguous) "
+     "times the EXL3 inner weight, decoded tile by tile and never stored; pointers as integers"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_exl3", NULL, -1, METHODS, NULL, NULL, NULL, NULL};

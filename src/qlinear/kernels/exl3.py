@@ -30,6 +30,10 @@ from .stored_base import StoredTensorsLinear
 #: Output columns decoded per step of the Torch kernel (a multiple of the 128-wide Hadamard block), for a
 #: transient tile of about 2^20 float32 values.
 TILE_ELEMENTS = 1 << 20
+#: Rows up to which the native extra's ``exl3_mv`` multiplies on a CPU (decoded in registers; one pass of 8 rows):
+#: 4096x14336 4-bit 3inst, one thread, 17 / 19 / 25 ms at M = 1 / 4 / 8 against about 30 for decode + matmul
+#: (``results/cpu_formats-exl3-mv-2026-12-07.md``).
+NATIVE_MV_ROWS = 8
 RUNTIME = ("_rt_table", "_rt_had", "_rt_suh", "_rt_svh")
 
 
@@ -144,15 +148,21 @@ class ExllamaV3TorchLinear(Exl3QuantLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xh, m = self._input_transform(x)
         n, step = self.out_features, self.tile_cols()
-        y = torch.empty(m, n, dtype=torch.float32, device=x.device)
         native = native_decoder() if self.trellis.device.type == "cpu" and self.trellis.is_contiguous() else None
+        kt, nt, bits, cb = self.in_features // exl3.TILE, n // exl3.TILE, self.params.bits, self.params.codebook
+        if native is not None and m <= NATIVE_MV_ROWS:  # decoded in registers, never stored
+            xh = xh.contiguous()
+            y = torch.empty(m, n, dtype=torch.float32)
+            native.exl3_mv(self.trellis.data_ptr(), table32(cb).data_ptr(), xh.data_ptr(), y.data_ptr(), m, kt, nt,
+                           bits, torch.get_num_threads(), cb)
+            return self._output_transform(y, x)
+        y = torch.empty(m, n, dtype=torch.float32, device=x.device)
         tile = torch.empty(self.in_features, step, dtype=torch.float32) if native is not None else None
         for n0 in range(0, n, step):
             n1 = min(n, n0 + step)
             if tile is not None:  # the same float32 values, decoded by the native extra into a reused tile
-                native.exl3_decode(self.trellis.data_ptr(), table32(self.params.codebook).data_ptr(), tile.data_ptr(),
-                                   self.in_features // exl3.TILE, n // exl3.TILE, self.params.bits, n0 // exl3.TILE,
-                                   n1 // exl3.TILE, step, torch.get_num_threads())
+                native.exl3_decode(self.trellis.data_ptr(), table32(cb).data_ptr(), tile.data_ptr(), kt, nt, bits,
+                                   n0 // exl3.TILE, n1 // exl3.TILE, step, torch.get_num_threads(), cb)
                 w = tile[:, :n1 - n0]
             else:
                 w = exl3.inner_weight(self.trellis, self.params.bits, self._rt_table, n0 // exl3.TILE,
