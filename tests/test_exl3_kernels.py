@@ -87,7 +87,7 @@ def test_column_tiles_and_no_dense_weight_kept(monkeypatch) -> None:
     monkeypatch.setattr("qlinear.kernels.exl3.TILE_ELEMENTS", 128 * 256)  # 256 input rows: one 128-column tile
     layer = layer_for(256, 512, Exl3Params(3, "3inst"), seed=5)
     assert layer.tile_cols() == 128
-    x = torch.randn(12, 256, generator=torch.Generator().manual_seed(0))  # above NATIVE_MV_ROWS: the tile path
+    x = torch.randn(20, 256, generator=torch.Generator().manual_seed(0))  # above NATIVE_MV_ROWS: the tile path
     torch.testing.assert_close(layer(x).double(), reference(layer, x), rtol=1e-5, atol=1e-5)
     for _ in range(3):
         layer(x)

@@ -177,16 +177,16 @@ static inline __attribute__((always_inline)) void mv_block(const uint16_t *trell
             __m512 acc[EXL3_MV_ROWS];
             __m512i a[4];
             load_words(wd, p->nw, a);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
             for (int j = 0; j < mb; j++)
                 acc[j] = _mm512_loadu_ps(y + j * ldy + nt * 16);
             for (int r = 0; r < 16; r++) {
                 const __m512 v = row_values(a, p, r, table);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
                 for (int j = 0; j < mb; j++)
                     acc[j] = _mm512_fmadd_ps(v, _mm512_set1_ps(xk[j * k + r]), acc[j]);
             }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
             for (int j = 0; j < mb; j++)
                 _mm512_storeu_ps(y + j * ldy + nt * 16, acc[j]);
         }
@@ -212,7 +212,7 @@ static void mv_column_scalar(const uint16_t *trellis, const float *table, const 
         memcpy(y + j * ldy + nt * 16, acc[j], sizeof acc[j]);
 }
 
-/* column tiles per block of exl3_mv: its sums (EXL3_MV_ROWS x 32 x 16 floats, 16 KB) stay in L1 */
+/* column tiles per block of exl3_mv: its sums (EXL3_MV_ROWS x 32 x 16 floats, 32 KB) stay in L1 */
 #define MV_BLOCK_TILES 32
 
 void exl3_mv(const uint16_t *trellis, const float *table, const float *x, float *y, int64_t m, int64_t kt_n,
@@ -236,14 +236,11 @@ void exl3_mv(const uint16_t *trellis, const float *table, const float *x, float 
                     for (int j = 0; j < mb; j++)
                         memset(ym + j * n + b0 * 16, 0, (size_t)(b1 - b0) * 16 * sizeof(float));
                     switch (mb) { /* a constant row count per case: the sums stay in registers */
-                    case 1: mv_block(trellis, table, xm, ym, k, n, nt_n, 0, kt_n, b0, b1, 1, p); break;
-                    case 2: mv_block(trellis, table, xm, ym, k, n, nt_n, 0, kt_n, b0, b1, 2, p); break;
-                    case 3: mv_block(trellis, table, xm, ym, k, n, nt_n, 0, kt_n, b0, b1, 3, p); break;
-                    case 4: mv_block(trellis, table, xm, ym, k, n, nt_n, 0, kt_n, b0, b1, 4, p); break;
-                    case 5: mv_block(trellis, table, xm, ym, k, n, nt_n, 0, kt_n, b0, b1, 5, p); break;
-                    case 6: mv_block(trellis, table, xm, ym, k, n, nt_n, 0, kt_n, b0, b1, 6, p); break;
-                    case 7: mv_block(trellis, table, xm, ym, k, n, nt_n, 0, kt_n, b0, b1, 7, p); break;
-                    default: mv_block(trellis, table, xm, ym, k, n, nt_n, 0, kt_n, b0, b1, 8, p); break;
+#define MV_CASE(R) case R: mv_block(trellis, table, xm, ym, k, n, nt_n, 0, kt_n, b0, b1, R, p); break;
+                    MV_CASE(1) MV_CASE(2) MV_CASE(3) MV_CASE(4) MV_CASE(5) MV_CASE(6) MV_CASE(7) MV_CASE(8)
+                    MV_CASE(9) MV_CASE(10) MV_CASE(11) MV_CASE(12) MV_CASE(13) MV_CASE(14) MV_CASE(15)
+                    default: mv_block(trellis, table, xm, ym, k, n, nt_n, 0, kt_n, b0, b1, EXL3_MV_ROWS, p); break;
+#undef MV_CASE
                     }
                 }
                 continue;

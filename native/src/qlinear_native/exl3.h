@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 /* activation rows one pass of exl3_mv multiplies (more rows take more passes, each decoding the tiles again) */
-#define EXL3_MV_ROWS 8
+#define EXL3_MV_ROWS 16
 
 /* Per tile element (row-major r * 16 + c): the two word indices of its 16-bit state and the right shift; and
  * the same per tile row as vectors (word index pairs, shifts) for the AVX-512 decode. */

@@ -30,10 +30,9 @@ from .stored_base import StoredTensorsLinear
 #: Output columns decoded per step of the Torch kernel (a multiple of the 128-wide Hadamard block), for a
 #: transient tile of about 2^20 float32 values.
 TILE_ELEMENTS = 1 << 20
-#: Rows up to which the native extra's ``exl3_mv`` multiplies on a CPU (decoded in registers; one pass of 8 rows):
-#: 4096x14336 4-bit 3inst, one thread, 17 / 19 / 25 ms at M = 1 / 4 / 8 against about 30 for decode + matmul
-#: (``results/cpu_formats-exl3-mv-2026-12-07.md``).
-NATIVE_MV_ROWS = 8
+#: Rows up to which the native extra's ``exl3_mv`` multiplies on a CPU (decoded in registers, one pass of up to 16
+#: rows; above, the decoded tiles and float32 matmul): ``results/cpu_formats-exl3-mv-2026-12-07.md``.
+NATIVE_MV_ROWS = 16
 RUNTIME = ("_rt_table", "_rt_had", "_rt_suh", "_rt_svh")
 
 
