@@ -31,7 +31,7 @@ from qlinear.kernels.triton import fragment_order
 from qlinear.kernels.triton.gguf_configs import CROSSOVERS
 
 VARIANTS = ("gemv", "skinny", "gemm", "dense")
-#: the GPTQ variants that take additive offsets: what Q4_K's default runtime runs (``gguf_triton.NO_OFFSETS``)
+#: the GPTQ variants that take additive offsets: what Q4_K's default runtime runs (``affine_offsets.NO_OFFSETS``)
 RUNTIME_VARIANTS = ("gemv_tc", "gemv", "skinny2", "gemm2", "gemm5", "dense")
 #: above these M a variant is not timed (it is far behind by then; gemv launches one program per row)
 LIMITS = {"gemv": 16, "gemv_tc": 16, "skinny": 128, "skinny2": 128, "gemm": 4096, "gemm2": 4096,

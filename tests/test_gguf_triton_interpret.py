@@ -428,7 +428,7 @@ def test_offset_layouts_route_past_the_gptq_table_above_m8() -> None:
     """Above M=8 a Q4_K runtime takes the offset crossovers measured for it (gemv_tc to 16, skinny2 to 32, gemm2 to
     64, dense above: results/h100-gguf_crossover-2026-12-06.md), not the GPTQ table's choices, most of which cannot
     add offsets; Q8_0's form (no offsets) keeps the table."""
-    from qlinear.kernels.gguf_triton import OFFSET_CROSSOVERS
+    from qlinear.kernels.affine_offsets import OFFSET_CROSSOVERS
 
     assert OFFSET_CROSSOVERS == {"gemm5": 1024, "gemv_tc": 16, "skinny2": 32, "gemm2": 64}
     cpu = torch.device("cpu")

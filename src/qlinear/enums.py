@@ -136,6 +136,7 @@ class BACKEND(_LenientEnum):
     MLX = "mlx"
     MLX_TORCH = "mlx_torch"  # qlinear's own: exact Torch kernel for mlx-lm affine weights, any device
     MLX_CPU = "mlx_cpu"  # qlinear's own: mlx-lm affine weights as 4-bit parts on the CPU int4 kernels (bfloat16)
+    MLX_TRITON = "mlx_triton"  # qlinear's own: mlx-lm affine weights on the GPTQ Triton kernels with offsets, CUDA
     EXL2_TORCH = "exl2_torch"  # qlinear's own: exact Torch kernel for ExLlamaV2 EXL2 mixed-bit weights, any device
     EXL2_CPU = "exl2_cpu"  # qlinear's own: EXL2 as 4-bit parts on the CPU int4 kernels (bfloat16 arithmetic)
     EXL2_TRITON = "exl2_triton"  # qlinear's own: EXL2 widened losslessly onto the GPTQ Triton kernels, CUDA

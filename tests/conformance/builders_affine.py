@@ -262,5 +262,6 @@ GPTQ_AWQ = ("TorchLinear", "AwqTorchLinear", "TorchAtenLinear", "TorchAtenAwqLin
             "MacheteLinear", "AwqMacheteLinear", "ExllamaV2Linear", "AwqExllamaV2Linear", "BitblasLinear",
             "AWQBitBlasKernel")
 BUILDERS = ((AffineBuilder(), GPTQ_AWQ), (EmbeddingBuilder(), ("TorchQuantEmbeddings",)),
-            (QQQBuilder(), ("QQQLinear", "QQQTorchLinear")), (MlxBuilder(), ("MlxTorchLinear", "MlxCpuLinear")),
+            (QQQBuilder(), ("QQQLinear", "QQQTorchLinear")),
+            (MlxBuilder(), ("MlxTorchLinear", "MlxCpuLinear", "MlxTritonLinear")),
             (ParoBuilder(), ("ParoLinear", "ParoQuantTritonLinear", "ParoCpuLinear")))

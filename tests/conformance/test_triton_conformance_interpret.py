@@ -29,7 +29,7 @@ CAP = 4
 #: TritonFP8/FP4Linear, W4AFP8Linear, QQQLinear, VPTQCudaLinear, ExllamaV3Linear; their interpreter tests call
 #: the kernel functions directly).
 KERNELS = ("TritonV2Linear", "AwqGEMMTritonLinear", "GGUFTritonKernel", "BitsAndBytesTritonLinear",
-           "ParoQuantTritonLinear", "BitblasLinear", "AWQBitBlasKernel", "Exl2TritonLinear")
+           "ParoQuantTritonLinear", "BitblasLinear", "AWQBitBlasKernel", "Exl2TritonLinear", "MlxTritonLinear")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -23,7 +23,7 @@ from . import exl2_runtime
 from .exl2 import exl2_params
 from .exl2_replaced import Exl2ReplacedWeight
 from .triton.runtime import interpreting
-from .triton_gptq import device_facts, fitted_config, triton_version_reasons, unfit_variants
+from .triton_gptq import device_facts, fitted_config, triton_rows, triton_version_reasons, unfit_variants
 
 #: Rows up to which a forward takes the one-launch path unasked (``fused_config``; ``variant="exl2_tc"`` always may,
 #: to 16 rows). Measured on an H100, 4096x14336 at 3.9 bits (``results/h100-gpu-exl2-one-launch-2026-12-07.md``):
@@ -227,16 +227,7 @@ class Exl2TritonLinear(Exl2ReplacedWeight):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        if x.device.type != "cuda" and not interpreting():
-            raise ValueError(f"input: {type(self).__name__} runs on CUDA tensors, got one on {x.device} "
-                             "(TRITON_INTERPRET=1 runs the kernels on CPU tensors, for testing)")
-        self.ensure_prepared()
-        if self._s0_qweight.device != x.device:
-            raise ValueError(f"input on {x.device} but the layer is on {self._s0_qweight.device}")
-        x2 = x.reshape(-1, self.in_features)
-        if x2.stride(-1) != 1:
-            x2 = x2.contiguous()
-        return self.matmul(x2).reshape(*x.shape[:-1], self.out_features)
+        return self.matmul(triton_rows(self, x, lambda: self._s0_qweight)).reshape(*x.shape[:-1], self.out_features)
 
 
 KERNELS = (Exl2TritonLinear,)

@@ -21,7 +21,6 @@ variants with an additive offset per group (gemv_tc, gemv, skinny2, gemm2, dense
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -30,31 +29,19 @@ from ..caps import Problem
 from ..layouts import gguf
 from ..spec import Scheme
 from ..target import Target
+from .affine_offsets import explain_offsets, offsets_config, offsets_matmul
 from .gguf_runtime import lossless_runtime, to_blocks, to_runtime
 from .gguf_torch import GGUFQuantLinear
 from .planned.gguf import GGUFTritonKernel as _Declared
 from .resident_codes import CodesInRuntime
 from .triton.runtime import interpreting
-from .triton_gptq import device_facts, fitted_config, triton_version_reasons, unfit_variants
+from .triton_gptq import device_facts, triton_version_reasons
 
 T = gguf.GGMLType
 #: every type the Triton bodies decode (``triton.gguf.GEOMS``)
 RUNNABLE = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.Q1_0, T.Q1_0_G128})
 #: largest dense weight chunk (elements) the ``dense`` variant materialises within one forward
 MAX_DENSE = 1 << 26
-#: Above this M, layouts with offsets (Q4_K's two levels, Q4_0/Q4_1's float32 form) take ``OFFSET_CROSSOVERS``
-#: instead of the GPTQ table, whose mid-M choices (gemm5 and gemm4 among them) mostly cannot add offsets: the largest M
-#: each variant serves, dense (dequantize + cuBLAS) above. Measured on an H100 (benchmarks/gguf_crossover.py,
-#: results/h100-gguf_crossover-2026-12-06.md, Q4_K): at M=16 gemv_tc 43.2 / 51.4 us against skinny2 49.5 / 52.1 on
-#: 4096x14336 / 14336x4096; at 32 skinny2 84.7 / 91.6 against gemm2 107.9 / 91.0; at 64 gemm2 107.6 / 91.6 against
-#: dense 98.5 / 101.3; at 128 dense 102.5 / 108.5 against gemm2 123.7 / 181.9, and dense beyond.
-#: gemm5 takes groups of 32 with offsets since 2026-12-06 (x in fragment order, ``triton/fragment.py``) and comes
-#: first where it fits (sm_90, 16-bit activations); the rest are the order where it does not. Each variant is
-#: skipped where it cannot run this layer.
-OFFSET_TABLE_M = 8
-OFFSET_CROSSOVERS = {"gemm5": 1024, "gemv_tc": 16, "skinny2": 32, "gemm2": 64}
-#: GPTQ variants without an additive per-group offset (the affine runtime needs one)
-NO_OFFSETS = ("skinny", "skinny3", "gemm", "gemm4", "gemm3")
 AFFINE_BUFFERS = ("_af_qweight", "_af_scales", "_af_offsets", "_af_supers", "_af_perm", "_af_xorder")
 #: which decoder forms the ``dense`` variant's transient weight chunk: "triton" (``dequant_kernel`` straight into the
 #: activation dtype, one launch) or "torch" (``layouts/gguf`` decoders in float32, then a cast); both are exact
@@ -190,39 +177,19 @@ class GGUFTritonKernel(CodesInRuntime, GGUFQuantLinear):
 
     def affine_matmul(self, x2: torch.Tensor, p: Any, variant: str | None, config: Any) -> torch.Tensor:
         """``x2 @ W^T + bias`` on the GPTQ kernels: with additive offsets (Q4_0/Q4_1/Q4_K) the variants that take
-        them (gemv_tc, gemv, skinny2, gemm2, dense), else (Q8_0: GPTQ 8-bit g32) any that runs its words."""
-        from .triton.dequant import dense_mm
-        from .triton.qmm import qmm
-
+        them (``affine_offsets``), else (Q8_0: GPTQ 8-bit g32) any that runs its words."""
         cfg = config or self.runtime_config(p, x2.shape[0], x2.dtype, x2.device, variant)
-        if cfg.variant == "dense":
-            return dense_mm(x2, p, cfg, self.bias)
-        return qmm(x2, p, cfg, self.bias, self._rt_lock)
+        return offsets_matmul(x2, p, cfg, self.bias, self._rt_lock)
 
     def runtime_config(self, p: Any, m: int, dtype: torch.dtype, device: torch.device,
                        variant: str | None = None) -> Any:
-        """The GPTQ kernels' config for M rows of the runtime form ``p``: with offsets, among the variants that add
-        them (one 32-group a step for skinny2 / gemm2: ``[1, BN]`` scale and offset rows, not ``[BK, BN]`` float32
-        tiles through shared memory)."""
-        from .triton.configs import legal
-
-        skip = NO_OFFSETS if p.offsets is not None else ()
-        if variant in skip:  # asked for by name: the same role among the variants with offsets
-            variant = "skinny2" if m <= 16 else "gemm2"
-        if p.offsets is not None and variant is None and m > OFFSET_TABLE_M:
-            unfit = unfit_variants(p, m, dtype, device)
-            variant = next((v for v, top in OFFSET_CROSSOVERS.items() if m <= top and v not in unfit), "dense")
-        cfg = fitted_config(p, m, dtype, device, variant, exclude=skip)
-        if p.offsets is not None and cfg.variant in ("skinny2", "gemm2"):
-            cfg = legal(replace(cfg, block_k=32), m, p.kp, p.bits)
-        return cfg
+        """The GPTQ kernels' config for M rows of the runtime form ``p`` (``affine_offsets.offsets_config``)."""
+        return offsets_config(p, m, dtype, device, variant)
 
     def explain_call(self, m: int, device: torch.device | str = "cuda") -> str:
         """Which form and variant a forward of M rows (in the layer's dtype) runs on ``device``, on what evidence,
         and why each other variant does not (``cpu``: the interpreter's view, without the device's table)."""
-        from .triton.configs import VARIANTS
         from .triton.gguf_configs import CROSSOVERS
-        from .triton.why import explain_choice
 
         self.ensure_prepared()
         device = torch.device(device)
@@ -233,25 +200,11 @@ class GGUFTritonKernel(CodesInRuntime, GGUFQuantLinear):
             cfg = self.config(m, device)
             return (f"M={m}: {cfg.variant} on the {self.qtype.name} blocks (by M alone: the variants serve M <= "
                     f"{CROSSOVERS}, dense above); {cfg}")
-        unfit = unfit_variants(p, m, self.dtype, device)
-        if p.offsets is not None:
-            unfit |= {v: "adds no per-group offset (GGUF minimums)" for v in NO_OFFSETS if v not in unfit}
-        name, sms = device_facts(device.index or 0) if device.type == "cuda" else ("interpreter", 4)
         what = ("the two-level Q4_K form" if p.supers is not None else "float32 scales and offsets per 32"
                 if p.offsets is not None else f"{p.bits}-bit words, zero {p.zero_const}")
         form = f"{'blocks replaced by' if self.codes_replaced else 'beside the blocks:'} {what}"
-        cfg = self.runtime_config(p, m, self.dtype, device)
-        if p.offsets is not None and m > OFFSET_TABLE_M:  # the offset crossovers, not the GPTQ table
-            tiles = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}, split-K {cfg.split_k}, {cfg.num_warps} warps"
-            why = [f"  {v}: {unfit.get(v) or 'not what the offset crossovers give this M'}"
-                   for v in VARIANTS if v != cfg.variant]
-            choice = [f"M={m}: {cfg.variant} — crossovers for layouts with offsets above M={OFFSET_TABLE_M} "
-                      f"({OFFSET_CROSSOVERS}, dense above; gguf_triton.OFFSET_CROSSOVERS): {tiles}", *why]
-        else:
-            choice = explain_choice(name, sms, m, p.n, p.k, p.kp, p.bits, p.group, unfit)
-        lines = [f"{self.qtype.name} on the GPTQ kernels ({form})", *choice]
-        if p.offsets is not None and cfg.variant in ("skinny2", "gemm2"):
-            lines.append(f"  ({cfg.variant} runs block_k {cfg.block_k}: one group's offsets a step)")
+        lines = [f"{self.qtype.name} on the GPTQ kernels ({form})",
+                 *explain_offsets(p, m, self.dtype, device, "GGUF minimums")]
         return "\n".join(lines)
 
     def config(self, m: int, device: torch.device, variant: str | None = None) -> object:

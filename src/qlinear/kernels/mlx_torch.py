@@ -4,7 +4,8 @@ The module's buffers are the checkpoint's own tensors: ``weight`` (uint32 words)
 their stored dtype, and an optional ``bias``. Each forward decodes a few output rows at a time exactly as
 ``mx.dequantize`` does (``layouts/mlx.py``: ``scales * q + biases`` in the scales' dtype, each operation rounded
 to it), casts them to the activation dtype and multiplies them in; no dense weight outlives a tile. mlx itself is
-never imported. There is no fast GPU path: on CUDA this kernel is correct but decodes every forward.
+never imported. On CUDA this kernel is correct but decodes every forward; ``MlxTritonLinear`` is the fast path there
+(16-bit activations), ``MlxCpuLinear`` on CPU.
 """
 
 from __future__ import annotations

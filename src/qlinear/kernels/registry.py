@@ -35,6 +35,7 @@ FAMILIES: tuple[str, ...] = (
     "vptq_cpu",
     "mlx_torch",
     "mlx_cpu",
+    "mlx_triton",
     "mlx_holders",
     "paroquant",
     "paro_cpu",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -77,6 +78,19 @@ def fitted_config(p: Any, m: int, dtype: torch.dtype, device: torch.device, vari
         if cfg.variant in unfit:  # the same choice among the rest (fastest timed, else the crossovers)
             cfg = choose(name, sms, m, p.n, p.k, p.bits, p.group, exclude=(*exclude, *unfit))
     return legal(cfg, m, p.kp, p.bits)
+
+
+def triton_rows(layer: Any, x: torch.Tensor, weight: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``x`` as ``[M, K]`` rows with unit column stride for the Triton kernels: checked to be on CUDA (or on the CPU
+    under the interpreter) and on the device of ``weight()`` (a runtime tensor, read after the layer is prepared)."""
+    if x.device.type != "cuda" and not interpreting():
+        raise ValueError(f"input: {type(layer).__name__} runs on CUDA tensors, got one on {x.device} "
+                         "(TRITON_INTERPRET=1 runs the kernels on CPU tensors, for testing)")
+    layer.ensure_prepared()
+    if weight().device != x.device:
+        raise ValueError(f"input on {x.device} but the layer is on {weight().device}")
+    x2 = x.reshape(-1, layer.in_features)
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
 def triton_version_reasons(target: Target) -> list[str]:
@@ -227,15 +241,7 @@ class TritonQuantMixin:
             raise ValueError(f"input: expected last dimension {k} (in_features), got shape {tuple(x.shape)}")
         if x.dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"input: dtype {x.dtype} not supported; expected float16 or bfloat16")
-        if x.device.type != "cuda" and not interpreting():
-            raise ValueError(f"input: {type(self).__name__} runs on CUDA tensors, got one on {x.device} "
-                             "(TRITON_INTERPRET=1 runs the kernels on CPU tensors, for testing)")
-        self.ensure_prepared()
-        if self._rt_qweight.device != x.device:
-            raise ValueError(f"input on {x.device} but the layer is on {self._rt_qweight.device}")
-        x2 = x.reshape(-1, k)
-        if x2.stride(-1) != 1:
-            x2 = x2.contiguous()
+        x2 = triton_rows(self, x, lambda: self._rt_qweight)
         y = _QuantMatmul.apply(x2, self) if torch.is_grad_enabled() and x2.requires_grad else self.matmul(x2)
         return y.reshape(*x.shape[:-1], n)
 

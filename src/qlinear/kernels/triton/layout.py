@@ -15,8 +15,9 @@
 * ``scales [G, NP]`` in the checkpoint's scale dtype; ``zeros [G, NP]`` uint8 true zeros, or None
   when every zero is one constant (symmetric weights), which the kernels take as a compile-time value.
 * ``NP`` is N rounded up to 16: every row 64-byte aligned (vector loads, no N mask on whole tiles).
-* ``offsets [G, NP]`` float32, only for weights ``s * q + o`` with a float ``o`` (GGUF's Q4_1/Q4_K minimums,
-  ``build_affine32``); then zeros are the constant 0 and the kernels add ``o`` per group.
+* ``offsets [G, NP]`` in the scales' dtype, only for weights ``s * q + o`` with a float ``o`` (GGUF's Q4_1/Q4_K
+  minimums in float32, MLX's biases in their own dtype: ``build_affine``); then zeros are the constant 0 and the
+  kernels add ``o`` per group.
 * ``xorder [KF]`` int32, only for 4-bit words in groups of exactly 32 (field blocks of 4 word rows): the input
   channel that position ``i`` of gemm5's A fragment reads (``fragment_order.py``: ``KF`` = KP rounded up to 64;
   padding rows inside KP are ``-1``, positions past KP, whose weights are 0, read channel 0). Built here, once,
@@ -207,17 +208,24 @@ def fragment_x_order(perm: torch.Tensor | None, k: int, kp: int) -> torch.Tensor
     return torch.where(row < kp, chan[row.clamp(max=kp - 1)], 0).to(torch.int32)
 
 
-def build_affine32(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, bits: int = 4) -> Packed:
-    """The runtime layout of weights ``scales * codes + offsets`` in groups of 32 along K (codes ``[N, K]``,
-    scales/offsets ``[N, K/32]`` float32, exact GGUF values): plain K order, constant zero 0."""
+def build_affine(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, bits: int, group_size: int,
+                 param_dtype: torch.dtype = torch.float32) -> Packed:
+    """The runtime layout of weights ``scales * codes + offsets`` in groups of ``group_size`` along K (codes
+    ``[N, K]`` in ``bits``-bit words, 2, 4 or 8; scales/offsets ``[N, K / group_size]``, kept in ``param_dtype``:
+    choose one that holds them exactly): plain K order, constant zero 0."""
     n, k = codes.shape
     g = scales.shape[1]
-    p = build(codes, scales.float(), torch.zeros(1, dtype=torch.int32), torch.arange(k) // 32, bits,
-              scale_dtype=torch.float32)
-    o = torch.zeros(g, p.np, dtype=torch.float32, device=codes.device)
-    o[:, :n] = offsets.t().float()
+    p = build(codes, scales, torch.zeros(1, dtype=torch.int32), torch.arange(k) // group_size, bits,
+              scale_dtype=param_dtype)
+    o = torch.zeros(g, p.np, dtype=param_dtype, device=codes.device)
+    o[:, :n] = offsets.t().to(param_dtype)
     return Packed(p.qweight, p.scales, None, p.perm, bits, k, n, p.group, 0, p.rows_per_block, offsets=o,
                   xorder=p.xorder)
+
+
+def build_affine32(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, bits: int = 4) -> Packed:
+    """``build_affine`` in groups of 32 with float32 scales and offsets (exact GGUF values)."""
+    return build_affine(codes, scales.float(), offsets, bits, 32)
 
 
 def build_kquant(codes: torch.Tensor, sc: torch.Tensor, mins: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor,

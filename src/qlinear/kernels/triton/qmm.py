@@ -268,8 +268,8 @@ def qmm(x2: torch.Tensor, p: Packed, cfg: Config, bias: torch.Tensor | None = No
         return qmv_tc(x2, p, cfg, bias, lock, y, use_asm=not interpreting())
     use_dot = cfg.variant != "gemv"
     if use_dot and p.offsets is not None:
-        raise ValueError(f"variant {cfg.variant} does not take additive offsets (GGUF minimums); use gemv, skinny2, "
-                         "gemm2 or dense")
+        raise ValueError(f"variant {cfg.variant} does not take additive offsets (GGUF minimums, MLX biases); use "
+                         "gemv, skinny2, gemm2 or dense")
     bm = cfg.block_m if use_dot else gemv_rows(m, cfg, p)
     perm, kx = p.perm, p.k
     if use_dot and cfg.variant == "gemm" and perm is not None:

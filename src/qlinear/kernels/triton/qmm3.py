@@ -184,7 +184,7 @@ def skinny3_reasons(p: Packed, m: int, dtype: torch.dtype, variant: str = "skinn
         need = "9.0+ for bfloat16 (sub/mul.bf16x2)" if dtype == torch.bfloat16 else "8.0+"
         out.append(f"compute capability {capability[0]}.{capability[1]} (needs {need})")
     if p.offsets is not None:
-        out.append("additive offsets (GGUF minimums): use skinny2")
+        out.append("additive offsets (GGUF minimums, MLX biases): use skinny2")
     if p.rows_per_block < 2 or p.group % (p.rows_per_block * 8):
         out.append(f"field blocks of {p.rows_per_block} word rows (pairs need 2+ rows inside one group)")
     return out
