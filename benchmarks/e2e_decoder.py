@@ -56,9 +56,12 @@ class Shape:
     mlp: int = 14336
     vocab: int = 128256
 
-    def projections(self) -> dict[str, tuple[int, int]]:
-        """name -> (in_features, out_features)."""
+    def projections(self, fused: bool = False) -> dict[str, tuple[int, int]]:
+        """name -> (in_features, out_features); ``fused``: q/k/v and gate/up as one projection each (vLLM's
+        ``qkv_proj`` and ``gate_up_proj``: the same weights concatenated along N, quantized row by row alike)."""
         h, q, kv, m = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.mlp
+        if fused:
+            return {"qkv": (h, q + 2 * kv), "o": (q, h), "gate_up": (h, 2 * m), "down": (m, h)}
         return {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "gate": (h, m), "up": (h, m), "down": (m, h)}
 
 
@@ -137,6 +140,38 @@ class Layer(nn.Module):
         return x + p["down"](F.silu(p["gate"](h)) * p["up"](h))
 
 
+class FusedLayer(nn.Module):
+    """One decoder layer as a serving engine runs it: fused qkv and gate_up projections, the residual add fused with
+    the next RMSNorm, rotary in place and SiLU-times-up as one launch each (``e2e_ops.py``). Takes the residual
+    stream and its normalised form; returns both for the next layer."""
+
+    def __init__(self, s: Shape, linears: dict[str, nn.Module]) -> None:
+        super().__init__()
+        self.s = s
+        self.proj = nn.ModuleDict(linears)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: tuple[torch.Tensor, ...] | None, pos: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        from e2e_ops import add_rms_norm, rope_qk_, silu_mul
+
+        s, p = self.s, self.proj
+        b, t, _ = x.shape
+        qkv = rope_qk_(p["qkv"](h), cos, sin, s.heads, s.kv_heads, s.head_dim)
+        nq, nkv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+        q = qkv[..., :nq].view(b, t, s.heads, s.head_dim).transpose(1, 2)
+        k = qkv[..., nq:nq + nkv].view(b, t, s.kv_heads, s.head_dim).transpose(1, 2)
+        v = qkv[..., nq + nkv:].view(b, t, s.kv_heads, s.head_dim).transpose(1, 2)
+        if cache is None:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            kc, vc = cache
+            kc.index_copy_(2, pos, k)
+            vc.index_copy_(2, pos, v)
+            a = F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
+        x, h = add_rms_norm(x, p["o"](a.transpose(1, 2).reshape(b, t, -1)))
+        return add_rms_norm(x, p["down"](silu_mul(p["gate_up"](h))))
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     rot = torch.cat((-x[..., half:], x[..., :half]), -1)
@@ -144,18 +179,27 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class Decoder(nn.Module):
-    def __init__(self, s: Shape, make: Factory, dev: torch.device) -> None:
+    def __init__(self, s: Shape, make: Factory, dev: torch.device, fused: bool = False) -> None:
         super().__init__()
-        self.s = s
-        protos = {name: make(k, n, dev) for name, (k, n) in s.projections().items()}
-        self.errors = {name: reference_error(lay, s.projections()[name][0], dev) for name, lay in protos.items()}
+        self.s, self.fused = s, fused
+        shapes = s.projections(fused)
+        protos = {name: make(k, n, dev) for name, (k, n) in shapes.items()}
+        self.errors = {name: reference_error(lay, shapes[name][0], dev) for name, lay in protos.items()}
         self.kernels = {name: type(lay).__name__ for name, lay in protos.items()}
-        self.layers = nn.ModuleList(Layer(s, {n: copy.deepcopy(lay) for n, lay in protos.items()})
+        kind = FusedLayer if fused else Layer
+        self.layers = nn.ModuleList(kind(s, {n: copy.deepcopy(lay) for n, lay in protos.items()})
                                     for _ in range(s.layers))
         self.head = dense(s.hidden, s.vocab, dev)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 caches: list[tuple[torch.Tensor, torch.Tensor]] | None, pos: torch.Tensor | None) -> torch.Tensor:
+        if self.fused:
+            from e2e_ops import add_rms_norm
+
+            x, h = add_rms_norm(x)
+            for i, layer in enumerate(self.layers):
+                x, h = layer(x, h, cos, sin, None if caches is None else caches[i], pos)
+            return self.head(h[:, -1])
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if caches is None else caches[i], pos)
         return self.head(F.rms_norm(x[:, -1], (self.s.hidden,), eps=1e-5))
@@ -234,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill", type=int, default=2048)
     p.add_argument("--reps", type=int, default=40)
     p.add_argument("--small", action="store_true", help="a 2-layer toy (smoke test)")
+    p.add_argument("--fused", action="store_true", help="fused qkv / gate_up projections and elementwise launches "
+                   "(FusedLayer, e2e_ops.py) for every variant")
     p.add_argument("--device", default="cuda")
     args = p.parse_args(argv)
     dev = torch.device(args.device)
@@ -248,12 +294,13 @@ def main(argv: list[str] | None = None) -> int:
             args.variants = ",".join(v for v in args.variants.split(",") if v != "marlin")
     say(f"command: python benchmarks/e2e_decoder.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     say(f"device: {torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu'}, torch {torch.__version__}; "
-        f"{s.layers} layers, hidden {s.hidden}, MLP {s.mlp}, ctx {args.ctx}, prefill {args.prefill}")
+        f"{s.layers} layers, hidden {s.hidden}, MLP {s.mlp}, ctx {args.ctx}, prefill {args.prefill}"
+        + ("; fused qkv / gate_up and elementwise launches" if args.fused else ""))
     results: dict[str, dict[str, float]] = {}
     failed = False
     for name in args.variants.split(","):
         label, make = VARIANTS[name]
-        model = Decoder(s, make, dev)
+        model = Decoder(s, make, dev, fused=args.fused)
         bad = {n: e for n, e in model.errors.items() if not e < 2e-2}
         say(f"{label}: kernels {model.kernels}; max rel err vs float64 {max(model.errors.values()):.1e}"
             + (f" FAIL {bad}" if bad else ""))

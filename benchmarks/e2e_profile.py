@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--ctx", type=int, default=1024)
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--fused", action="store_true", help="e2e_decoder.FusedLayer: fused projections and elementwise")
     p.add_argument("--out")
     args = p.parse_args(argv)
 
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> str:
         say(f"batch {args.batch}, ctx {args.ctx}, {s.layers} layers of Llama-3-8B's shapes")
         for name in args.variants.split(","):
             label, make = VARIANTS[name]
-            model = Decoder(s, make, torch.device("cuda"))
+            model = Decoder(s, make, torch.device("cuda"), fused=args.fused)
             report(f"{label} (kernels {sorted(set(model.kernels.values()))})", kernel_times(model, args.batch,
                                                                                            args.ctx), args.top)
             del model

@@ -46,6 +46,9 @@ run gpu_gguf_dense 90 python benchmarks/gpu_gguf_dense.py
 # gemm2 64, dense above) checked in the default-layer column
 run gguf_crossover 360 python benchmarks/gguf_crossover.py --qtypes Q4_K,Q8_0
 run e2e_decoder 300 python benchmarks/e2e_decoder.py --variants bf16,gptq4,int8,q4_k,q8_0
+# the same model as a serving engine lays it out (fused qkv / gate_up, one launch per elementwise step; 2026-12-07)
+run e2e_fused 300 python benchmarks/e2e_decoder.py --fused --variants bf16,gptq4,int8,q4_k
+run e2e_profile_fused 150 python benchmarks/e2e_profile.py --fused --variants bf16,gptq4
 # gemm5 over groups of 32 and on 8-bit words (2026-12-06, H100 only): the H200's own numbers, and its table's
 # 8-bit crossovers (unchanged: no gemm5) against the H100's (gemm5 M = 9..1024)
 run gemm5_g32 150 python benchmarks/gemm5_g32.py --ms 16,64,256,1024
