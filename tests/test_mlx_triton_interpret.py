@@ -106,6 +106,16 @@ def test_words_rebuilt_from_the_runtime(bits: int) -> None:
     assert rel(lay(x), x.double() @ mlx_weight(new, bits, 64).t()) < TOL[torch.float16]
 
 
+def test_a_cast_moves_nothing_but_the_device() -> None:
+    """``model.to(torch.bfloat16)`` must not round float16 scales and biases (MLX computes with them as stored)."""
+    t = produced(4, 32, torch.float16, seed=3)
+    lay = layer_of(t, 4, 32, torch.float16)
+    lay.prepare()
+    lay.to(torch.bfloat16)
+    assert lay.scales.dtype == lay._rt_scales.dtype == lay._rt_offsets.dtype == torch.float16
+    assert torch.equal(lay.weight.view(torch.int32), t["weight"].view(torch.int32))
+
+
 def test_refusals_and_explain() -> None:
     t = produced(4, 64, torch.bfloat16)
     lay = layer_of(t, 4, 64, torch.bfloat16)

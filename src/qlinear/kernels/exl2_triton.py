@@ -22,6 +22,7 @@ from ..target import Target
 from . import exl2_runtime
 from .exl2 import exl2_params
 from .exl2_replaced import Exl2ReplacedWeight
+from .resident_codes import DeviceMovesOnly
 from .triton.runtime import interpreting
 from .triton_gptq import device_facts, fitted_config, triton_rows, triton_version_reasons, unfit_variants
 
@@ -38,7 +39,7 @@ ONE_LAUNCH_STEP = {"split_k": 4, "block_k": 64, "prefetch": True}
 SEGMENT_TENSORS = ("qweight", "scales", "perm", "xorder")
 
 
-class Exl2TritonLinear(Exl2ReplacedWeight):
+class Exl2TritonLinear(DeviceMovesOnly, Exl2ReplacedWeight):
     """EXL2 (2/3/4/5/6/8-bit row groups) on CUDA: widened losslessly to 2/4/8-bit GPTQ layouts run by Triton."""
 
     backend = BACKEND.EXL2_TRITON
@@ -106,14 +107,6 @@ class Exl2TritonLinear(Exl2ReplacedWeight):
                 setattr(self, f"_s{i}_{name}", None)
         self._seg_meta, self._segments = [], ()
         self._xidx, self._xcols = None, ((), ())
-
-    def _apply(self, fn: Any, recurse: bool = True) -> Any:
-        """Device moves only: a cast would round the segments' float16 scales (``model.to(torch.bfloat16)``)."""
-        def keep_dtype(t: torch.Tensor) -> torch.Tensor:
-            out = fn(t)
-            return out if out.dtype == t.dtype else t.to(out.device)
-
-        return super()._apply(keep_dtype, recurse)
 
     def prepare(self) -> None:
         """Check the file's tensors, build the segments from them and drop ``q_weight`` (read back from the

@@ -33,7 +33,7 @@ from .affine_offsets import explain_offsets, offsets_config, offsets_matmul
 from .gguf_runtime import lossless_runtime, to_blocks, to_runtime
 from .gguf_torch import GGUFQuantLinear
 from .planned.gguf import GGUFTritonKernel as _Declared
-from .resident_codes import CodesInRuntime
+from .resident_codes import CodesInRuntime, DeviceMovesOnly
 from .triton.runtime import interpreting
 from .triton_gptq import device_facts, triton_version_reasons
 
@@ -48,7 +48,7 @@ AFFINE_BUFFERS = ("_af_qweight", "_af_scales", "_af_offsets", "_af_supers", "_af
 DENSE_DECODER = "triton"
 
 
-class GGUFTritonKernel(CodesInRuntime, GGUFQuantLinear):
+class GGUFTritonKernel(DeviceMovesOnly, CodesInRuntime, GGUFQuantLinear):
     """Native GGML blocks of Q4_0/Q4_1/Q5_0/Q5_1/Q5_K/Q6_K/Q1_0 decoded inside Triton matmuls; Q4_K and Q8_0 re-laid
     losslessly for the GPTQ Triton kernels (``replaces_blocks``)."""
 
@@ -118,16 +118,6 @@ class GGUFTritonKernel(CodesInRuntime, GGUFQuantLinear):
     def load_blocks(self, qweight: Any, bias: Any = None, share: bool = False) -> None:
         self.restore_codes_buffer()
         super().load_blocks(qweight, bias, share)
-
-    def _apply(self, fn: Any, recurse: bool = True) -> Any:
-        """Device moves only: ``model.half()`` or ``model.to(torch.bfloat16)`` would round the runtime's float32
-        super-scales (and Q8_0's float16 scales), so the blocks could no longer be rebuilt; every tensor keeps its
-        dtype (the float32 bias too)."""
-        def keep_dtype(t: torch.Tensor) -> torch.Tensor:
-            out = fn(t)
-            return out if out.dtype == t.dtype else t.to(out.device)
-
-        return super()._apply(keep_dtype, recurse)
 
     @property
     def weight_device(self) -> torch.device:

@@ -21,7 +21,7 @@ from ..layouts import mlx
 from ..target import Target
 from .affine_offsets import explain_offsets, offsets_config, offsets_matmul
 from .mlx_torch import MlxTorchLinear
-from .resident_codes import CodesInRuntime
+from .resident_codes import CodesInRuntime, DeviceMovesOnly
 from .triton_gptq import triton_rows, triton_version_reasons
 
 #: MLX width -> the GPTQ kernels' word width that holds it
@@ -32,7 +32,7 @@ WITHHELD = {"gemm5": "not yet checked on a GPU with 16-bit scales and offsets in
 RUNTIME = ("_rt_qweight", "_rt_scales", "_rt_offsets", "_rt_xorder")
 
 
-class MlxTritonLinear(CodesInRuntime, MlxTorchLinear):
+class MlxTritonLinear(DeviceMovesOnly, CodesInRuntime, MlxTorchLinear):
     """MLX affine weights (1-6 and 8 bits, groups 32/64/128) on CUDA: the GPTQ Triton kernels with an offset per
     group."""
 

@@ -100,3 +100,16 @@ class CodesInRuntime:
             super()._save_to_state_dict(destination, prefix, keep_vars)
         finally:
             self._buffers[self.codes_buffer] = None
+
+
+class DeviceMovesOnly:
+    """Mixin: ``model.half()`` / ``model.to(torch.bfloat16)`` move such a layer but cast none of its tensors. A runtime
+    that holds the codes with their scales (float16 or bfloat16 as stored, float32 super-scales) must keep them
+    exact, or the file's words could not be rebuilt and the layer would compute with rounded scales."""
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        def keep_dtype(t: torch.Tensor) -> torch.Tensor:
+            out = fn(t)
+            return out if out.dtype == t.dtype else t.to(out.device)
+
+        return super()._apply(keep_dtype, recurse)  # type: ignore[misc]
