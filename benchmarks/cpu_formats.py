@@ -62,14 +62,16 @@ def mlx8_parts(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
     return mlx_parts(k, n, gen, 8)
 
 
-def vptq(k: int, n: int, gen: torch.Generator, cls: type | None = None) -> torch.nn.Module:
-    """v8 k65536 (2 bits), norm and permutation; ``cls``: the kernel (default the exact ``VPTQLinear``)."""
+def vptq(k: int, n: int, gen: torch.Generator, cls: type | None = None, v: int = 8,
+         codebook: torch.dtype = torch.float16) -> torch.nn.Module:
+    """v8 k65536 (2 bits), norm and permutation; ``cls``: the kernel (default the exact ``VPTQLinear``); ``v`` and
+    ``codebook``: another vector length or codebook dtype."""
     from qlinear.kernels.vptq import VPTQLinear
     from qlinear.layouts.vptq import VptqParams
     from qlinear.spec import Scheme
 
-    p = VptqParams(vector_len=8, num_centroids=65536, group_num=1, group_size=k, num_res_centroids=0,
-                   enable_norm=True, enable_perm=True, codebook_dtype=torch.float16, aux_dtype=torch.int16)
+    p = VptqParams(vector_len=v, num_centroids=65536, group_num=1, group_size=k, num_res_centroids=0,
+                   enable_norm=True, enable_perm=True, codebook_dtype=codebook, aux_dtype=torch.int16)
     s = Scheme(bits=p.nominal_bits(), group_size=-1, in_features=k, out_features=n, method="vptq", format="vptq",
                layout_params=p)
     layer = (cls or VPTQLinear)(s, dtype=torch.bfloat16)
@@ -88,6 +90,18 @@ def vptq_native(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
     from qlinear.kernels.vptq_cpu import VPTQCpuLinear
 
     return vptq(k, n, gen, VPTQCpuLinear)
+
+
+def vptq_native_bf16(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
+    from qlinear.kernels.vptq_cpu import VPTQCpuLinear
+
+    return vptq(k, n, gen, VPTQCpuLinear, codebook=torch.bfloat16)
+
+
+def vptq_native_v12(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
+    from qlinear.kernels.vptq_cpu import VPTQCpuLinear
+
+    return vptq(k, n, gen, VPTQCpuLinear, v=12)
 
 
 def exl3(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
@@ -162,7 +176,9 @@ def paroquant_int4(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
 FORMATS: dict[str, Callable[[int, int, torch.Generator], torch.nn.Module]] = {
     "GPTQ 4-bit g128 (AUTO)": gptq, "MLX 4-bit g64": mlx, "MLX 4-bit g64 (AUTO: int4 kernels)": mlx_parts,
     "MLX 8-bit g64 (AUTO: two nibble parts)": mlx8_parts, "VPTQ v8 k65536 (2-bit)": vptq,
-    "VPTQ v8 k65536 (2-bit) (AUTO with the native extra: vq_mv)": vptq_native, "EXL3 4-bit": exl3,
+    "VPTQ v8 k65536 (2-bit) (AUTO with the native extra: vq_mv)": vptq_native,
+    "VPTQ v8 k65536, bfloat16 codebook (AUTO, native)": vptq_native_bf16,
+    "VPTQ v12 k65536 (1.3-bit) (AUTO, native)": vptq_native_v12, "EXL3 4-bit": exl3,
     "EXL2 ~3.9-bit": exl2, "EXL2 ~3.9-bit (AUTO: 4-bit parts)": exl2_parts, "ParoQuant 4-bit g128": paroquant,
     "ParoQuant 4-bit g128 (AUTO: rotation + int4 kernels)": paroquant_int4}
 

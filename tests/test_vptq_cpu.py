@@ -30,7 +30,12 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("qlinear_native") is No
                                 reason=f"the native extra is not installed: pip install {vptq_cpu.INSTALL}")
 
 MORE = [dict(k=256, n=64, v=8, c=256, r=16, gs=128, perm=True, norm=True, bias=True, m=9, seed=7),  # the V=8 path
-        dict(k=200, n=30, v=8, c=1024, gs=64, seed=8, dtype=torch.bfloat16, m=9)]  # a padded last group
+        dict(k=200, n=30, v=8, c=1024, gs=64, seed=8, dtype=torch.bfloat16, m=9),  # a padded last group
+        # the any-V registers (vq.c vector_wide / decode_wide): two registers an entry with a masked tail and a
+        # residual; two full ones from bfloat16; float32 codebooks with a 2-value tail, one row (4 sets of sums)
+        dict(k=96, n=48, v=12, c=64, r=16, gs=32, norm=True, seed=9, m=5),
+        dict(k=64, n=32, v=16, c=32, gs=64, seed=10, dtype=torch.bfloat16, m=2),
+        dict(k=64, n=20, v=10, c=32, gs=64, seed=11, dtype=torch.float32, m=1)]
 
 
 def build(kw: dict, x_dtype: torch.dtype):

@@ -100,19 +100,29 @@ static inline void entry(const vq_call *c, int64_t g, uint32_t code, float *e) {
 }
 
 #if VQ_AVX2
-/* entry() for V == 8 and float16 codebooks: one F16C conversion per table. */
-static inline __m256 entry8(const vq_call *c, int64_t g, uint32_t code) {
+/* 8 16-bit codebook values as float32: F16C for float16, the high half of a float32 for bfloat16. */
+static inline __m256 widen8(__m128i h, int dt) {
+    if (dt == VQ_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* entry() for V == 8 and 16-bit codebooks of dtype dt (a constant where inlined): one conversion per table. */
+static inline __m256 entry8(const vq_call *c, int64_t g, uint32_t code, const int dt) {
     const uint16_t *cb = (const uint16_t *)c->cb + ((g << c->cbits) + (code & ((1u << c->cbits) - 1u))) * 8;
-    __m256 e = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)cb));
+    __m256 e = widen8(_mm_loadu_si128((const __m128i *)cb), dt);
     if (c->rcb) {
         const uint16_t *rcb = (const uint16_t *)c->rcb + ((g << c->rbits) + (code >> c->cbits)) * 8;
-        e = _mm256_add_ps(e, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rcb)));
+        e = _mm256_add_ps(e, widen8(_mm_loadu_si128((const __m128i *)rcb), dt));
     }
     return e;
 }
 
-/* V == 8, float16 codebooks: one FMA per row and code. */
-static void vector8_f16(const vq_call *c, int64_t j) {
+/* The V == 8 kernels below take dt as a constant (always inlined into one function per dtype, vq_run's switch). */
+#define VQ_INLINE static inline __attribute__((always_inline))
+
+/* V == 8, 16-bit codebooks: one FMA per row and code. */
+VQ_INLINE void vector8(const vq_call *c, int64_t j, const int dt) {
     __m256 acc[VQ_MAX_M];
     for (int64_t m = 0; m < c->m; m++)
         acc[m] = _mm256_setzero_ps();
@@ -121,7 +131,7 @@ static void vector8_f16(const vq_call *c, int64_t j) {
         const int64_t tmax = group_cols(c, g, &c0);
         const uint32_t *s = stream(c, g, j);
         for (int64_t t = 0; t < tmax; t++) {
-            const __m256 e = entry8(c, g, code_at(c, s, t));
+            const __m256 e = entry8(c, g, code_at(c, s, t), dt);
             for (int64_t m = 0; m < c->m; m++)
                 acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(c->x[m * c->ldx + c0 + t]), e, acc[m]);
         }
@@ -130,9 +140,9 @@ static void vector8_f16(const vq_call *c, int64_t j) {
         _mm256_storeu_ps(c->y + m * c->ldy + j * 8, acc[m]);
 }
 
-/* V == 8, float16 codebooks, one or two rows: four sets of sums taking turns over the codes, so consecutive FMAs
+/* V == 8, 16-bit codebooks, one or two rows: four sets of sums taking turns over the codes, so consecutive FMAs
  * do not wait on each other (one chain of 4-cycle FMAs bounded the one-row kernel). */
-static void vector8_f16_few(const vq_call *c, int64_t j) {
+VQ_INLINE void vector8_few(const vq_call *c, int64_t j, const int dt) {
     __m256 acc[4][2];
     for (int u = 0; u < 4; u++)
         acc[u][0] = acc[u][1] = _mm256_setzero_ps();
@@ -144,7 +154,7 @@ static void vector8_f16_few(const vq_call *c, int64_t j) {
         for (int64_t t0 = 0; t0 < tmax; t0 += 4) {
             for (int u = 0; u < 4 && t0 + u < tmax; u++) {
                 const int64_t t = t0 + u;
-                const __m256 e = entry8(c, g, code_at(c, s, t));
+                const __m256 e = entry8(c, g, code_at(c, s, t), dt);
                 acc[u][0] = _mm256_fmadd_ps(_mm256_set1_ps(x0[t]), e, acc[u][0]);
                 if (c->m == 2)
                     acc[u][1] = _mm256_fmadd_ps(_mm256_set1_ps(x1[t]), e, acc[u][1]);
@@ -164,16 +174,128 @@ static inline __m128i bf16x8(__m256 e) {
     return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
-/* V == 8, float16 codebooks: vectors jb..jb+nb-1 (nb <= 4) side by side, so each column's nb codes fill one 64-byte
+/* V == 8, 16-bit codebooks: vectors jb..jb+nb-1 (nb <= 4) side by side, so each column's nb codes fill one 64-byte
  * run of the tile (a whole cache line when aligned) instead of nb scattered 16-byte pieces. */
-static void decode8_f16(const vq_call *c, int64_t jb, int64_t nb, uint16_t *col, int64_t ldo) {
+VQ_INLINE void decode8(const vq_call *c, int64_t jb, int64_t nb, uint16_t *col, int64_t ldo, const int dt) {
     for (int64_t g = 0; g < c->g; g++) {
         int64_t c0;
         const int64_t tmax = group_cols(c, g, &c0);
         for (int64_t t = 0; t < tmax; t++)
             for (int64_t q = 0; q < nb; q++) {
-                const __m256 e = entry8(c, g, code_at(c, stream(c, g, jb + q), t));
+                const __m256 e = entry8(c, g, code_at(c, stream(c, g, jb + q), t), dt);
                 _mm_storeu_si128((__m128i *)(col + (c0 + t) * ldo + q * 8), bf16x8(e));
+            }
+    }
+}
+/* vq_mv / vq_decode for V == 8 and 16-bit codebooks: one function per kernel and dtype. */
+static void vector8_f16(const vq_call *c, int64_t j) { vector8(c, j, VQ_F16); }
+static void vector8_bf16(const vq_call *c, int64_t j) { vector8(c, j, VQ_BF16); }
+static void vector8_few_f16(const vq_call *c, int64_t j) { vector8_few(c, j, VQ_F16); }
+static void vector8_few_bf16(const vq_call *c, int64_t j) { vector8_few(c, j, VQ_BF16); }
+
+static void run8(const vq_call *c, int64_t j) {
+    if (c->m <= 2)
+        (c->dt == VQ_F16 ? vector8_few_f16 : vector8_few_bf16)(c, j);
+    else
+        (c->dt == VQ_F16 ? vector8_f16 : vector8_bf16)(c, j);
+}
+
+static void decode8_any(const vq_call *c, int64_t jb, int64_t nb, uint16_t *col, int64_t ldo) {
+    if (c->dt == VQ_F16)
+        decode8(c, jb, nb, col, ldo, VQ_F16);
+    else
+        decode8(c, jb, nb, col, ldo, VQ_BF16);
+}
+
+/* Any codebook dtype and V <= VQ_MAX_V with 16-bit values in pairs (V even, or float32): an entry as nc = ceil(V / 8)
+ * registers of 8 float32, the last one loaded with a mask (VMASKMOV never touches the masked-off bytes, so the
+ * table's last entry is read safely). */
+typedef struct {
+    int nc, tail;             /* registers per entry; values in the last one (1..8) */
+    __m128i mask16;           /* 32-bit lanes of the last register's 16-bit values (tail / 2 of them) */
+    __m256i mask32;           /* its float32 lanes */
+} vq_chunks;
+
+static inline int wide_ok(const vq_call *c) { return c->dt == VQ_F32 || c->v % 2 == 0; }
+
+static inline vq_chunks chunks_of(int v) {
+    vq_chunks k;
+    k.nc = (v + 7) / 8;
+    k.tail = v - 8 * (k.nc - 1);
+    const int pairs = (k.tail + 1) / 2;
+    k.mask16 = _mm_setr_epi32(pairs > 0 ? -1 : 0, pairs > 1 ? -1 : 0, pairs > 2 ? -1 : 0, pairs > 3 ? -1 : 0);
+    int32_t m[8];
+    for (int i = 0; i < 8; i++)
+        m[i] = i < k.tail ? -1 : 0;
+    k.mask32 = _mm256_loadu_si256((const __m256i *)m);
+    return k;
+}
+
+/* 8 values of a codebook from element `off` as float32 (the last register of an entry masked). */
+static inline __m256 load8(const void *cb, int dt, int64_t off, int last, const vq_chunks *k) {
+    if (dt == VQ_F32)
+        return last ? _mm256_maskload_ps((const float *)cb + off, k->mask32)
+                    : _mm256_loadu_ps((const float *)cb + off);
+    const __m128i *p = (const __m128i *)((const uint16_t *)cb + off);
+    return widen8(last ? _mm_maskload_epi32((const int *)p, k->mask16) : _mm_loadu_si128(p), dt);
+}
+
+/* entry() as nc registers. */
+static inline void entry_wide(const vq_call *c, int64_t g, uint32_t code, const vq_chunks *k, __m256 *e) {
+    const int64_t row = (g << c->cbits) + (code & ((1u << c->cbits) - 1u));
+    for (int q = 0; q < k->nc; q++)
+        e[q] = load8(c->cb, c->dt, row * c->v + 8 * q, q == k->nc - 1 && k->tail < 8, k);
+    if (c->rcb) {
+        const int64_t res = (g << c->rbits) + (code >> c->cbits);
+        for (int q = 0; q < k->nc; q++)
+            e[q] = _mm256_add_ps(e[q], load8(c->rcb, c->dt, res * c->v + 8 * q, q == k->nc - 1 && k->tail < 8, k));
+    }
+}
+
+/* vq_mv's product for vector j with any such V and dtype: nc FMAs per row and code. */
+static void vector_wide(const vq_call *c, int64_t j) {
+    const vq_chunks k = chunks_of(c->v);
+    __m256 acc[VQ_MAX_M][VQ_MAX_V / 8], e[VQ_MAX_V / 8];
+    for (int64_t m = 0; m < c->m; m++)
+        for (int q = 0; q < k.nc; q++)
+            acc[m][q] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < c->g; g++) {
+        int64_t c0;
+        const int64_t tmax = group_cols(c, g, &c0);
+        const uint32_t *s = stream(c, g, j);
+        for (int64_t t = 0; t < tmax; t++) {
+            entry_wide(c, g, code_at(c, s, t), &k, e);
+            for (int64_t m = 0; m < c->m; m++) {
+                const __m256 xv = _mm256_set1_ps(c->x[m * c->ldx + c0 + t]);
+                for (int q = 0; q < k.nc; q++)
+                    acc[m][q] = _mm256_fmadd_ps(xv, e[q], acc[m][q]);
+            }
+        }
+    }
+    for (int64_t m = 0; m < c->m; m++) {
+        float *y = c->y + m * c->ldy + j * c->v;
+        for (int q = 0; q < k.nc - 1; q++)
+            _mm256_storeu_ps(y + 8 * q, acc[m][q]);
+        _mm256_maskstore_ps(y + 8 * (k.nc - 1), k.mask32, acc[m][k.nc - 1]);
+    }
+}
+
+/* vq_decode's columns for vectors jb..jb+nb-1 with any such V and dtype (bfloat16, one rounding). */
+static void decode_wide(const vq_call *c, int64_t jb, int64_t nb, uint16_t *col, int64_t ldo) {
+    const vq_chunks k = chunks_of(c->v);
+    __m256 e[VQ_MAX_V / 8];
+    for (int64_t g = 0; g < c->g; g++) {
+        int64_t c0;
+        const int64_t tmax = group_cols(c, g, &c0);
+        for (int64_t t = 0; t < tmax; t++)
+            for (int64_t q = 0; q < nb; q++) {
+                entry_wide(c, g, code_at(c, stream(c, g, jb + q), t), &k, e);
+                uint16_t *o = col + (c0 + t) * ldo + q * c->v;
+                for (int r = 0; r < k.nc - 1; r++)
+                    _mm_storeu_si128((__m128i *)(o + 8 * r), bf16x8(e[r]));
+                uint16_t last[8];
+                _mm_storeu_si128((__m128i *)last, bf16x8(e[k.nc - 1]));
+                memcpy(o + 8 * (k.nc - 1), last, (size_t)k.tail * 2);
             }
     }
 }
@@ -209,11 +331,12 @@ void vq_run(const vq_call *c) {
         ql_thread_share(c->j, &lo, &hi);
         for (int64_t j = lo; j < hi; j++) {
 #if VQ_AVX2
-            if (c->v == 8 && c->dt == VQ_F16) {
-                if (c->m <= 2)
-                    vector8_f16_few(c, j);
-                else
-                    vector8_f16(c, j);
+            if (c->v == 8 && c->dt != VQ_F32) {
+                run8(c, j);
+                continue;
+            }
+            if (wide_ok(c)) {
+                vector_wide(c, j);
                 continue;
             }
 #endif
@@ -237,8 +360,12 @@ void vq_decode_cols(const vq_call *c, int64_t j0, int64_t j1, uint16_t *out, int
         for (int64_t u = lo; u < hi; u++) {
             const int64_t jb = j0 + 4 * u, nb = j1 - jb < 4 ? j1 - jb : 4;
 #if VQ_AVX2
-            if (c->v == 8 && c->dt == VQ_F16) {
-                decode8_f16(c, jb, nb, out + (jb - j0) * 8, ldo);
+            if (c->v == 8 && c->dt != VQ_F32) {
+                decode8_any(c, jb, nb, out + (jb - j0) * 8, ldo);
+                continue;
+            }
+            if (wide_ok(c)) {
+                decode_wide(c, jb, nb, out + (jb - j0) * c->v, ldo);
                 continue;
             }
 #endif
