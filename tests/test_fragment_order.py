@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from qlinear.kernels.triton.fragment_order import block_k_groups, fragment_input, groups_reasons
-from qlinear.kernels.triton.layout import SUPER_GROUPS, Packed, build, build_kquant
+from qlinear.kernels.triton.layout import SUPER_GROUPS, Packed, build, build_affine, build_kquant
 
 
 def _emulated_weight(p: Packed, kf: int) -> torch.Tensor:
@@ -96,3 +96,15 @@ def test_fragment_order_refuses_what_it_cannot_take() -> None:
     eight = build(torch.randint(0, 256, (8, 64), generator=gen, dtype=torch.uint8), torch.rand(8, 2),
                   torch.full((8, 2), 128), torch.arange(64) // 32, 8)
     assert eight.group == 32 and eight.xorder is None, "8-bit words: gemm5 runs 4-bit codes only"
+
+
+def test_offsets_over_eight_row_blocks_are_refused() -> None:
+    """gemm5 gave wrong products for additive offsets over groups of 64 and 128 on an H100 (MLX's biases,
+    results/h100-gpu_mlx-2026-12-07.md): its limits refuse them, naming why; without offsets the same words run."""
+    gen = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (64, 256), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(64, 4, generator=gen).half()
+    p = build_affine(codes, scales, -8 * scales, 4, 64, param_dtype=torch.float16)
+    assert p.rows_per_block == 8 and "additive offsets over groups of 64" in groups_reasons(p, 16)[0]
+    plain = build(codes, scales, torch.full((1,), 8, dtype=torch.int32), torch.arange(256) // 64, 4)
+    assert groups_reasons(plain, 16) == []

@@ -121,7 +121,7 @@ def test_refusals_and_explain() -> None:
     lay = layer_of(t, 4, 64, torch.bfloat16)
     text = lay.explain_call(40, "cpu")
     assert text.startswith("MLX 4-bit g64 on the GPTQ kernels (4-bit words, torch.bfloat16 scales and biases")
-    assert "gemm5: not yet checked on a GPU" in text
+    assert "gemm5: checked on an H100 only for float16" in text
     assert "gemm4: additive offsets (GGUF minimums, MLX biases): use skinny2" in text
     assert "gemm: adds no per-group offset (MLX biases)" in text
     assert lay.config(40, torch.device("cpu"), variant="gemm4").variant == "gemm2"  # the role among the offset ones

@@ -27,8 +27,9 @@ from .triton_gptq import triton_rows, triton_version_reasons
 #: MLX width -> the GPTQ kernels' word width that holds it
 KERNEL_BITS = {1: 2, 2: 2, 3: 4, 4: 4, 5: 8, 6: 8, 8: 8}
 #: variants kept out of MLX layers, with why (``explain_call`` says it)
-WITHHELD = {"gemm5": "not yet checked on a GPU with 16-bit scales and offsets in groups of 64/128 (MLX's); "
-                     "gpu_check's MLX rows are pending"}
+WITHHELD = {"gemm5": "checked on an H100 only for float16 scales and biases in groups of 32 (right there; wrong over "
+                     "groups of 64/128, which its own limits now refuse: results/h100-gpu_mlx-2026-12-07.md); "
+                     "withheld until bfloat16 is checked too"}
 RUNTIME = ("_rt_qweight", "_rt_scales", "_rt_offsets", "_rt_xorder")
 
 
