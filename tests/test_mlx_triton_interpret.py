@@ -76,7 +76,8 @@ def test_variants_match_mlx_dequantize(bits: int, gs: int, sdtype: torch.dtype) 
     t = produced(bits, gs, sdtype, seed=bits)
     bias = torch.randn(N).to(sdtype)
     w = mlx_weight(t, bits, gs)
-    for dtype in (torch.float16, torch.bfloat16):
+    # both activation dtypes at 4 bits; the scales' own dtype at the other widths (the interpreter is slow)
+    for dtype in ((torch.float16, torch.bfloat16) if bits == 4 else (sdtype,)):
         # mlx rounds each weight to the scales' dtype (s q, then + b); the kernels sum s (q x) and b x exactly
         tol = max(TOL[dtype], TOL[sdtype])
         lay = layer_of(t, bits, gs, dtype, bias)
