@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_report import bf16_baseline, parser, run, say
+from gpu_report import bf16_baseline, checks_then_timing, parser, say
 from gpu_report import parse as parse_args
 
 SHAPES = ((4096, 14336), (14336, 4096))
@@ -167,16 +167,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
-    failed: list[int] = []
-
-    def body() -> None:
-        failed.append(0 if args.no_check else checks())
-        timing(args)
-        say(f"{failed[0]} check(s) failed")
-
-    run("gpu_mlx", "MLX", argv, args.out, body)
-    return 1 if failed[0] else 0
+    return checks_then_timing("gpu_mlx", "MLX", argv, parse(argv), checks, timing)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,21 @@ def bf16_baseline(k: int, n: int, gen: torch.Generator) -> list[Callable[[torch.
     return [lambda x, w=w: F.linear(x, w) for w in weights]
 
 
+def checks_then_timing(name: str, title: str, argv: list[str] | None, args: argparse.Namespace,
+                       checks: Callable[[], int], timing: Callable[[argparse.Namespace], None]) -> int:
+    """A script's whole run: its checks (unless ``--no-check``), its timing table, the failure count; exit status 1
+    when a check failed."""
+    failed: list[int] = []
+
+    def body() -> None:
+        failed.append(0 if args.no_check else checks())
+        timing(args)
+        say(f"{failed[0]} check(s) failed")
+
+    run(name, title, argv, args.out, body)
+    return 1 if failed[0] else 0
+
+
 def run(name: str, title: str, argv: list[str] | None, out: str | None, body: Callable[[], object]) -> str:
     """Write the header, run ``body``, then the footer; save the report; return its text."""
     import triton

@@ -163,14 +163,14 @@ void exl3_decode_tiles(const uint16_t *trellis, const float *table, float *out, 
 }
 
 #if EXL3_AVX512
-/* Column tiles nt0..nt1-1 times rows x[0..mb) (row stride k) added into y (row stride ldy, already holding the
- * sums of tile rows before kt0), over tile rows kt0..kt1-1: tile row by tile row, so the trellis is read in
- * runs of (nt1 - nt0) tiles; a tile's sums live in registers over its 16 rows. */
+/* Column tiles nt0..nt1-1 times rows x[0..mb) (row stride k) added into y (row stride ldy, zeroed by the caller),
+ * tile row by tile row, so the trellis is read in runs of (nt1 - nt0) tiles; a tile's sums live in registers over
+ * its 16 rows. */
 static inline __attribute__((always_inline)) void mv_block(const uint16_t *trellis, const float *table,
                                                            const float *x, float *y, int64_t k, int64_t ldy,
-                                                           int64_t nt_n, int64_t kt0, int64_t kt1, int64_t nt0,
-                                                           int64_t nt1, const int mb, const exl3_plan *p) {
-    for (int64_t kt = kt0; kt < kt1; kt++) {
+                                                           int64_t kt_n, int64_t nt_n, int64_t nt0, int64_t nt1,
+                                                           const int mb, const exl3_plan *p) {
+    for (int64_t kt = 0; kt < kt_n; kt++) {
         const float *xk = x + kt * 16;
         const uint16_t *wd = trellis + (kt * nt_n + nt0) * p->nw;
         for (int64_t nt = nt0; nt < nt1; nt++, wd += p->nw) {
@@ -236,10 +236,10 @@ void exl3_mv(const uint16_t *trellis, const float *table, const float *x, float 
                     for (int j = 0; j < mb; j++)
                         memset(ym + j * n + b0 * 16, 0, (size_t)(b1 - b0) * 16 * sizeof(float));
                     switch (mb) { /* a constant row count per case: the sums stay in registers */
-#define MV_CASE(R) case R: mv_block(trellis, table, xm, ym, k, n, nt_n, 0, kt_n, b0, b1, R, p); break;
+#define MV_CASE(R) case R: mv_block(trellis, table, xm, ym, k, n, kt_n, nt_n, b0, b1, R, p); break;
                     MV_CASE(1) MV_CASE(2) MV_CASE(3) MV_CASE(4) MV_CASE(5) MV_CASE(6) MV_CASE(7) MV_CASE(8)
                     MV_CASE(9) MV_CASE(10) MV_CASE(11) MV_CASE(12) MV_CASE(13) MV_CASE(14) MV_CASE(15)
-                    default: mv_block(trellis, table, xm, ym, k, n, nt_n, 0, kt_n, b0, b1, EXL3_MV_ROWS, p); break;
+                    default: mv_block(trellis, table, xm, ym, k, n, kt_n, nt_n, b0, b1, EXL3_MV_ROWS, p); break;
 #undef MV_CASE
                     }
                 }

@@ -113,8 +113,8 @@ class MlxTritonLinear(DeviceMovesOnly, CodesInRuntime, MlxTorchLinear):
 
     # ------------------------------------------------------------------ forward
     def config(self, m: int, device: torch.device, variant: str | None = None) -> Any:
-        """The launch config for M rows (``affine_offsets.offsets_config``, without ``WITHHELD``)."""
-        self.ensure_prepared()
+        """The launch config for M rows of the prepared layer (``affine_offsets.offsets_config``, without
+        ``WITHHELD``)."""
         return offsets_config(self.packed(), m, self.dtype, device, variant, withheld=tuple(WITHHELD))
 
     def explain_call(self, m: int, device: torch.device | str = "cuda") -> str:
