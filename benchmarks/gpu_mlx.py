@@ -7,7 +7,7 @@
 
 Checks: random MLX layers (random codes, scales of both signs, biases near the group minimum as mlx's quantizer
 makes them), every width run (2-8 bits), groups 32/64/128, float16 and bfloat16; every variant family that takes
-offsets, and gemm5 (withheld from MLX layers by default until this check passes on a GPU), against the float64
+offsets, gemm5 included (over groups of 64/128 since 2026-12-07), against the float64
 product of the exact (unrounded) ``s q + b`` weight and against ``MlxTorchLinear`` on the same device.
 
 Timing (``gpu_linear.timed``/``copies``): a CUDA graph calling the op once per weight copy, the copies together over
@@ -57,21 +57,17 @@ def make(kind: type, w, dtype: torch.dtype, bias: torch.Tensor | None = None):
 
 CHECKS = [((4096, 2048), bits, gs, sd, ms) for bits, gs, sd in ((4, 64, torch.bfloat16), (4, 32, torch.float16),
                                                                   (8, 64, torch.bfloat16), (3, 128, torch.float16),
-                                                                  (6, 64, torch.bfloat16), (2, 32, torch.bfloat16))
+                                                                  (6, 64, torch.bfloat16), (2, 32, torch.bfloat16),
+                                                                  (4, 128, torch.bfloat16), (4, 32, torch.bfloat16),
+                                                                  (3, 64, torch.float16), (8, 32, torch.float16),
+                                                                  (5, 128, torch.bfloat16))
           for ms in [(1, 5, 16, 40, 100, 300)]]
 
 
 def forced(layer, m: int, variant: str):
-    """The config of ``variant`` for M rows as the layer would form it, also for one the layer withholds (gemm5: this
-    script checks it)."""
-    from qlinear.kernels.affine_offsets import offsets_config
-    from qlinear.kernels.mlx_triton import WITHHELD
-    from qlinear.kernels.triton_gptq import fitted_config
-
+    """The config of ``variant`` for M rows as the layer would form it."""
     layer.ensure_prepared()
-    if variant in WITHHELD:
-        return fitted_config(layer.packed(), m, layer.dtype, DEV, variant)
-    return offsets_config(layer.packed(), m, layer.dtype, DEV, variant)
+    return layer.config(m, DEV, variant)
 
 
 def checks() -> int:

@@ -34,9 +34,14 @@ run conformance_cuda 200 python benchmarks/gpu_check.py --conformance
 run gpu_check 300 python benchmarks/gpu_check.py --jobs 15 --bits 2,4,8 --budget 260 --out "$OUT/gpu_check.md"
 # 8-bit gemv_tc against the shipped variants on the H200 (its table's 8-bit crossovers predate 8-bit gemv_tc)
 run gemv_tc8_rows 90 python benchmarks/gemv_tc8_rows.py --shapes 4096x14336,8192x28672,4096x4096,14336x4096
-# MLX on the GPTQ Triton kernels (MlxTritonLinear, 2026-12-07): checks per variant (gemm5 included, withheld from MLX
-# layers until this passes) and the first timings beside bf16 and MlxTorchLinear
-run gpu_mlx 200 python benchmarks/gpu_mlx.py --reps 20 --ms 1,16,64,256,1024 --variants gemm5
+# MLX on the GPTQ Triton kernels (MlxTritonLinear): checks per variant, gemm5 over groups of 64/128 with offsets
+# (its one-group step dropped them before 2026-12-07) and on 8-bit words with offsets (5/6/8-bit MLX), and timings
+# beside bf16 and MlxTorchLinear
+run gpu_mlx 330 python benchmarks/gpu_mlx.py --reps 20 --ms 1,16,64,256,1024,4096 \
+    --forms 4x64,4x128,4x32,8x64,8x32,6x64 --variants gemm5,dense
+# gemm5 on every 4 and 8-bit form after that change (GPTQ, GGUF: their paths without offsets are unchanged)
+run gemm5_check 150 python benchmarks/gpu_check.py --jobs 15 --bits 4,8 --forms --variants gemm5 --budget 110 \
+    --out "$OUT/gemm5_check.md"
 # the same cells on an H200 (every number of 2026-12-05 is an H100's)
 run gpu_exl3 120 python benchmarks/gpu_exl3.py --ms 1,2,4,8,16,32,64,256
 run gpu_paroquant 90 python benchmarks/gpu_paroquant.py

@@ -32,6 +32,9 @@ CASES = {
     "gemm5-8bit-16x128x128-w4-zeros-r128": ("gemm5", (16, 128, 128, 4, False, True, 128, "gptq8")),
     "gemm5-8bit-g32-64x64x128-w4-split-r128": ("gemm5", (64, 64, 128, 4, True, False, 128, "q8_0")),
     "gemm5-8bit-128x128x64-w8-zeros-f16": ("gemm5", (128, 128, 64, 8, False, True, 0, "gptq8-f16")),
+    # MLX's scales and biases (bfloat16, groups of 64): 4-bit words a group a step, 8-bit words (5/6/8-bit codes)
+    "gemm5-mlx-16x128x64-w4-offsets-r128": ("gemm5", (16, 128, 64, 4, False, False, 128, "mlx")),
+    "gemm5-8bit-mlx-64x64x128-w4-split-offsets-r128": ("gemm5", (64, 64, 128, 4, True, False, 128, "mlx8")),
 }
 
 
@@ -66,16 +69,17 @@ def compile4(block_m: int, block_n: int, block_k: int, warps: int, split: bool, 
 def compile5(block_m: int, block_n: int, block_k: int, warps: int, split: bool, has_z: bool,
              max_registers: int, form: str = "gptq") -> object:
     """``form``: gptq (groups of 128), g32 (groups of 32), kquant (uint8 sub-scales and mins, float32 super pairs),
-    affine32 (float32 scales and offsets), gptq8 (8-bit, groups of 128), q8_0 (8-bit, groups of 32, zero 128); a
-    ``-f16`` suffix takes float16 activations."""
+    affine32 (float32 scales and offsets), gptq8 (8-bit, groups of 128), q8_0 (8-bit, groups of 32, zero 128),
+    mlx / mlx8 (4 / 8-bit, groups of 64, scales and offsets in the activation dtype); a ``-f16`` suffix takes
+    float16 activations."""
     from qlinear.kernels.triton.qmm5 import _descriptor, qmm5_kernel
 
     act = torch.float16 if form.endswith("-f16") else torch.bfloat16
     form = form.removesuffix("-f16")
-    gs = 128 if form in ("gptq", "gptq8") else 32
-    bits = 8 if form in ("gptq8", "q8_0") else 4
+    gs = {"gptq": 128, "gptq8": 128, "mlx": 64, "mlx8": 64}.get(form, 32)
+    bits = 8 if form in ("gptq8", "q8_0", "mlx8") else 4
     ng = max(1, block_k // gs)
-    s_dtype = {"kquant": torch.uint8, "affine32": torch.float32}.get(form, torch.float16)
+    s_dtype = {"kquant": torch.uint8, "affine32": torch.float32, "mlx": act, "mlx8": act}.get(form, torch.float16)
     tensors = {"x_desc": (torch.empty(256, 4096, dtype=act), [block_m, block_k]),
                "w_desc": (torch.empty(1024, 4096, dtype=torch.int32), [block_k * bits // 32, block_n]),
                "s_desc": (torch.empty(128, 4096, dtype=s_dtype), [ng, block_n]),
@@ -84,7 +88,7 @@ def compile5(block_m: int, block_n: int, block_k: int, warps: int, split: bool, 
                "u_desc": (torch.empty(32, 4096, dtype=torch.float32), [2, block_n])}
     descs = {name: _descriptor(t, block) for name, (t, block) in tensors.items()}
     zc = {"gptq": 8, "g32": 8, "gptq8": 128, "q8_0": 128}.get(form, 0)
-    consts = dict(GS=gs, BITS=bits, ZC=zc, HAS_Z=has_z, HAS_OFF=form in ("kquant", "affine32"),
+    consts = dict(GS=gs, BITS=bits, ZC=zc, HAS_Z=has_z, HAS_OFF=form in ("kquant", "affine32", "mlx", "mlx8"),
                   HAS_SUP=form == "kquant", HAS_BIAS=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                   STAGES=4, SPLIT=split, LOADER_REGS=40)
     dt = "*fp16" if act == torch.float16 else "*bf16"

@@ -67,3 +67,27 @@ def test_offsets_add_by_one_fma_a_pair(dtype: torch.dtype) -> None:
     for lane, exp in zip(lanes, want, strict=True):
         for j in range(8):
             assert halves(lane[f"${j}"], bf16) == exp[j], (j, exp[j])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_8bit_words_with_offsets_round_once(dtype: torch.dtype) -> None:
+    """8-bit codes with an additive offset (MLX's biases on 5, 6 and 8-bit codes, zero 0): every output half is
+    ``q s + o`` rounded once to the activation dtype, codes 0..255 across both word rows."""
+    gen = torch.Generator().manual_seed(6)
+    bf16 = dtype == torch.bfloat16
+    asm = _bytes_asm("bf16x2" if bf16 else "f16x2", offsets=True)
+    magic = 128.0 if bf16 else 1024.0
+    codes = torch.randperm(256, generator=gen).tolist() + torch.randint(0, 256, (256,), generator=gen).tolist()
+    lanes, want = [], []
+    for i in range(0, len(codes), 8):
+        q0, q1 = codes[i:i + 4], codes[i + 4:i + 8]
+        s = _rounded(float(torch.rand(1, generator=gen)) * 0.01 + 1e-4, dtype)
+        o = _rounded(float(torch.randn(1, generator=gen)) * 0.5, dtype)
+        lanes.append({"$4": sum(b << (8 * j) for j, b in enumerate(q0)), "$5": sum(b << (8 * j) for j, b in
+                                                                                    enumerate(q1)),
+                      "$6": _pair(s, s, dtype), "$7": _pair(magic, magic, dtype), "$8": _pair(o, o, dtype)})
+        want.append([(_rounded(q0[x] * s + o, dtype), _rounded(q1[x] * s + o, dtype)) for x in range(4)])
+    run_asm(asm, lanes, bf16)
+    for lane, exp in zip(lanes, want, strict=True):
+        for x in range(4):
+            assert halves(lane[f"${x}"], bf16) == exp[x], (x, exp[x])

@@ -160,16 +160,19 @@ def test_gemm4_compiles_for_sm90_without_wgmma_register_hazards(sass: dict[str, 
                                   "gemm5-64x64x128-w4-split-zeros-r128", "gemm5-g32-16x128x128-w4-zeros-r128",
                                   "gemm5-g32-64x64x128-w4-split-kquant-r128", "gemm5-g32-128x128x64-w8-affine32",
                                   "gemm5-g32-64x64x128-w4-kquant-f16-r128", "gemm5-8bit-16x128x128-w4-zeros-r128",
-                                  "gemm5-8bit-g32-64x64x128-w4-split-r128", "gemm5-8bit-128x128x64-w8-zeros-f16"])
+                                  "gemm5-8bit-g32-64x64x128-w4-split-r128", "gemm5-8bit-128x128x64-w8-zeros-f16",
+                                  "gemm5-mlx-16x128x64-w4-offsets-r128",
+                                  "gemm5-8bit-mlx-64x64x128-w4-split-offsets-r128"])
 def test_gemm5_compiles_for_sm90_pipelined_and_without_hazards(sass: dict[str, str], case: str) -> None:
     code = sass[case]
     hgmma = len(re.findall(r"\bHGMMA\.", code))
     waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", code)
     assert hgmma >= 16, "four steps' wgmma (the peeled pair and the loop's pair)"
     assert len(waits) < hgmma // 2 and "0x1" in waits, f"wgmma serialized: {len(waits)} waits for {hgmma} HGMMA"
-    rows = 1 + ("zeros" in case) + ("kquant" in case or "affine32" in case) + ("kquant" in case)
+    offsets = any(f in case for f in ("kquant", "affine32", "offsets"))
+    rows = 1 + ("zeros" in case) + offsets + ("kquant" in case)
     assert len(re.findall(r"UTMALDG", code)) >= 2 + rows, "x, words, scales (zeros, offsets, super pairs) by TMA"
-    if "kquant" in case or "affine32" in case:  # s q + o: one FMA a K pair after the exact magic subtract
+    if offsets:  # s q + o: one FMA a K pair after the exact magic subtract
         assert len(re.findall(r"\bHFMA2\b", code)) >= 64, "the offsets' FMA pairs"
     assert not re.search(r"\b(STL|LDL)\b", code), "no local-memory spills"
     assert wgmma_hazards(code) == []

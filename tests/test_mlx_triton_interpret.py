@@ -7,8 +7,9 @@ What is checked against what:
   gemv_tc, skinny2, gemm2, dense) against the float64 product with ``mx.dequantize``'s weight, every width and group
   size, float16 and bfloat16 scales and activations, within the activation dtype's rounding;
 * the words read back from the runtime (``weight``, ``state_dict()``) against mlx's own words, word for word;
-* the variants that cannot add offsets are refused by name, gemm5 is withheld with its reason, the selector prefers
-  the layer on CUDA for 16-bit activations and leaves float32 to ``MlxTorchLinear``.
+* the variants that cannot add offsets are refused by name, gemm5 only for want of sm_90 (it takes every width and
+  group size with offsets there); the selector prefers the layer on CUDA for 16-bit
+  activations and leaves float32 to ``MlxTorchLinear``.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def test_refusals_and_explain() -> None:
     lay = layer_of(t, 4, 64, torch.bfloat16)
     text = lay.explain_call(40, "cpu")
     assert text.startswith("MLX 4-bit g64 on the GPTQ kernels (4-bit words, torch.bfloat16 scales and biases")
-    assert "gemm5: checked on an H100 only for float16" in text
+    assert "  gemm5: no CUDA device (Gluon wgmma + TMA: sm_90 only)" in text.splitlines()  # no MLX reason
     assert "gemm4: additive offsets (GGUF minimums, MLX biases): use skinny2" in text
     assert "gemm: adds no per-group offset (MLX biases)" in text
     assert lay.config(40, torch.device("cpu"), variant="gemm4").variant == "gemm2"  # the role among the offset ones
@@ -144,3 +145,18 @@ def test_selected_on_cuda_for_16_bit_activations() -> None:
     no_triton = explain(Problem(s, torch.bfloat16), Target.fake_cuda((9, 0), modules={"triton": False}))
     verdict = next(v for v in no_triton.verdicts if v.kernel is MlxTritonLinear)
     assert not verdict.ok and any("triton" in r for r in verdict.reasons)
+
+
+@pytest.mark.parametrize(("bits", "gs"), [(4, 32), (4, 64), (4, 128), (3, 64), (8, 64), (6, 32), (5, 128)])
+def test_gemm5_takes_mlx_layers_on_sm90(bits: int, gs: int) -> None:
+    """On sm_90, gemm5 adds MLX's biases over every group size, in 4-bit words (its one-group step reads the
+    offsets since 2026-12-07) and in 8-bit words (5, 6 and 8-bit codes: ``fragment8.py``'s FMA form); checked on an
+    H100 in results/h100-gpu_mlx-2026-12-07-gemm5.md. Not on sm_80 (wgmma), nor for float32 activations."""
+    from qlinear.kernels.triton.gemm4_limits import gemm4_reasons
+
+    lay = layer_of(produced(bits, gs, torch.bfloat16), bits, gs, torch.bfloat16)
+    lay.prepare()
+    p = lay.packed()
+    assert gemm4_reasons(p, 40, torch.bfloat16, (9, 0), "gemm5") == []
+    assert gemm4_reasons(p, 40, torch.bfloat16, (8, 0), "gemm5") != []
+    assert gemm4_reasons(p, 40, torch.float32, (9, 0), "gemm5") != []

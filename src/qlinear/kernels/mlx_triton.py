@@ -26,10 +26,6 @@ from .triton_gptq import triton_rows, triton_version_reasons
 
 #: MLX width -> the GPTQ kernels' word width that holds it
 KERNEL_BITS = {1: 2, 2: 2, 3: 4, 4: 4, 5: 8, 6: 8, 8: 8}
-#: variants kept out of MLX layers, with why (``explain_call`` says it)
-WITHHELD = {"gemm5": "checked on an H100 only for float16 scales and biases in groups of 32 (right there; wrong over "
-                     "groups of 64/128, which its own limits now refuse: results/h100-gpu_mlx-2026-12-07.md); "
-                     "withheld until bfloat16 is checked too"}
 RUNTIME = ("_rt_qweight", "_rt_scales", "_rt_offsets", "_rt_xorder")
 
 
@@ -53,7 +49,8 @@ class MlxTritonLinear(DeviceMovesOnly, CodesInRuntime, MlxTorchLinear):
         s = problem.scheme
         return (f"{mlx.describe(s)}: re-laid at load as {KERNEL_BITS.get(s.bits, s.bits)}-bit GPTQ words with the "
                 "scales and biases as scales and offsets per group (weight rebuilt bit for bit on save); the GPTQ "
-                "Triton variants that add offsets, by M (gemv_tc / gemv, skinny2, gemm2, dequantize + cuBLAS)")
+                "Triton variants that add offsets, by M (gemv_tc / gemv, gemm5 on sm_90, skinny2, gemm2, dequantize + "
+                "cuBLAS)")
 
     def register_checkpoint_buffers(self, bias: bool) -> None:
         super().register_checkpoint_buffers(bias)
@@ -113,9 +110,8 @@ class MlxTritonLinear(DeviceMovesOnly, CodesInRuntime, MlxTorchLinear):
 
     # ------------------------------------------------------------------ forward
     def config(self, m: int, device: torch.device, variant: str | None = None) -> Any:
-        """The launch config for M rows of the prepared layer (``affine_offsets.offsets_config``, without
-        ``WITHHELD``)."""
-        return offsets_config(self.packed(), m, self.dtype, device, variant, withheld=tuple(WITHHELD))
+        """The launch config for M rows of the prepared layer (``affine_offsets.offsets_config``)."""
+        return offsets_config(self.packed(), m, self.dtype, device, variant)
 
     def explain_call(self, m: int, device: torch.device | str = "cuda") -> str:
         """Which variant a forward of M rows runs on ``device``, on what evidence, and why each other does not
@@ -127,7 +123,7 @@ class MlxTritonLinear(DeviceMovesOnly, CodesInRuntime, MlxTorchLinear):
         p = self.packed()
         head = (f"MLX {self.scheme.bits}-bit g{self.scheme.group_size} on the GPTQ kernels ({p.bits}-bit words, "
                 f"{self._rt_scales.dtype} scales and biases as offsets per group)")
-        return "\n".join([head, *explain_offsets(p, m, self.dtype, device, "MLX biases", WITHHELD)])
+        return "\n".join([head, *explain_offsets(p, m, self.dtype, device, "MLX biases")])
 
     def matmul(self, x2: torch.Tensor, variant: str | None = None, config: Any = None) -> torch.Tensor:
         """``x2 [M, K] @ W^T + bias`` with the chosen (or given) variant / config."""

@@ -59,20 +59,16 @@ def block_k_bytes(p: Packed, block_k: int) -> int:
 
 
 def groups_reasons(p: Packed, m: int) -> list[str]:
-    """Why gemm5 cannot take these words for M rows ([] when it can: 4-bit in 8-row field blocks without additive
-    offsets, or in 4-row ones over groups of exactly 32 up to ``MAX_M``; 8-bit in 8-row field blocks over groups of
-    32 or of a multiple of 64, without additive offsets)."""
+    """Why gemm5 cannot take these words for M rows ([] when it can: 4-bit in 8-row field blocks, or in 4-row ones
+    over groups of exactly 32 up to ``MAX_M``; 8-bit in 8-row field blocks over groups of 32 or of a multiple of 64;
+    additive offsets on either)."""
     if p.bits == 8:
-        out = ["additive offsets on 8-bit words"] if p.offsets is not None else []
         if p.rows_per_block != 8 or (p.group != GROUP and p.group % FRAGMENT_ROWS):
-            out.append(f"8-bit field blocks of {p.rows_per_block} word rows in groups of {p.group} (gemm5 takes 8 "
-                       f"word rows in groups of {GROUP} or of a multiple of {FRAGMENT_ROWS})")
-        return out
+            return [f"8-bit field blocks of {p.rows_per_block} word rows in groups of {p.group} (gemm5 takes 8 "
+                    f"word rows in groups of {GROUP} or of a multiple of {FRAGMENT_ROWS})"]
+        return []
     if p.rows_per_block == 8:
-        # measured wrong (relative error 1.4-1.7) on an H100 for MLX's offsets in groups of 64 and 128, every M
-        # (results/h100-gpu_mlx-2026-12-07.md); groups of 32 with offsets (4-row blocks, below) were right
-        return [f"additive offsets over groups of {p.group} (gemm5 adds them correctly only over groups of {GROUP}: "
-                "wrong results measured on an H100)"] if p.offsets is not None else []
+        return []
     if p.rows_per_block != 4 or p.group != GROUP:
         return [f"field blocks of {p.rows_per_block} word rows in groups of {p.group} (the A-fragment layout "
                 f"takes 8, or 4 in groups of exactly {GROUP} through x in fragment order)"]
