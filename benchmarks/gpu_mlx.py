@@ -107,7 +107,10 @@ def checks() -> int:
     return failed
 
 
-def timing(args: argparse.Namespace) -> None:
+def timing(args: argparse.Namespace) -> int:
+    """The table; each timed layer's own output (its default variant) checked against float64 of ``s q + b`` at
+    every M first: the checks above use a smaller layer, and the timed shapes take other configs (split-K, wave
+    tails). Returns the failures."""
     from gpu_linear import copies, timed
     from qlinear.kernels.mlx_torch import MlxTorchLinear
     from qlinear.kernels.mlx_triton import MlxTritonLinear
@@ -115,9 +118,10 @@ def timing(args: argparse.Namespace) -> None:
     extra = [v for v in args.variants.split(",") if v]
     say("## Timing (us per call, median of CUDA graph replays; bfloat16 activations and scales)")
     say()
-    say("| K x N | bits | gs | M | bf16 F.linear | MlxTritonLinear | variant | ratio | "
+    say("| K x N | bits | gs | M | bf16 F.linear | MlxTritonLinear | variant | rel err vs fp64 | ratio | "
         + "".join(f"{v} | " for v in extra) + "MlxTorchLinear |")
-    say("|---|---|---|---|---|---|---|---|" + "---|" * len(extra) + "---|")
+    say("|---|---|---|---|---|---|---|---|---|" + "---|" * len(extra) + "---|")
+    failed = 0
     gen = torch.Generator().manual_seed(1)
     dgen = torch.Generator(device=DEV).manual_seed(1)
     for k, n in args.shapes:
@@ -132,8 +136,13 @@ def timing(args: argparse.Namespace) -> None:
                 twin._runtime_key = twin._current_key()
                 layers.append(twin)
             slow = make(MlxTorchLinear, w, torch.bfloat16).to(DEV)
+            w64 = (w.codes.double() * w.scales.double().repeat_interleave(gs, 1)
+                   + w.biases.double().repeat_interleave(gs, 1)).to(DEV)
             for m in args.ms:
                 x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=dgen)
+                ref = x.double() @ w64.t()
+                err = float((base(x).double() - ref).norm() / ref.norm())
+                failed += not err < 1e-2
                 tb = timed(dense, x, args.reps)
                 tl = timed([lambda a, lay=lay: lay(a) for lay in layers], x, args.reps)
                 cols = []
@@ -146,11 +155,13 @@ def timing(args: argparse.Namespace) -> None:
                         cols.append(f"- ({str(e)[:40]})")
                 ts = timed([slow], x, max(3, args.reps // 5)) if m <= 16 else float("nan")
                 say(f"| {k}x{n} | {bits} | {gs} | {m} | {tb:.1f} | {tl:.1f} | {base.config(m, DEV).variant} | "
-                    f"{tl / tb:.2f} | " + "".join(f"{c} | " for c in cols) + f"{ts:.1f} |")
-            del layers, base, slow
+                    f"{err:.1e}{'' if err < 1e-2 else ' FAIL'} | {tl / tb:.2f} | " + "".join(f"{c} | " for c in cols)
+                    + f"{ts:.1f} |")
+            del layers, base, slow, w64
             torch.cuda.empty_cache()
         del dense
     say()
+    return failed
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -54,14 +54,14 @@ def bf16_baseline(k: int, n: int, gen: torch.Generator) -> list[Callable[[torch.
 
 
 def checks_then_timing(name: str, title: str, argv: list[str] | None, args: argparse.Namespace,
-                       checks: Callable[[], int], timing: Callable[[argparse.Namespace], None]) -> int:
-    """A script's whole run: its checks (unless ``--no-check``), its timing table, the failure count; exit status 1
-    when a check failed."""
+                       checks: Callable[[], int], timing: Callable[[argparse.Namespace], int | None]) -> int:
+    """A script's whole run: its checks (unless ``--no-check``), its timing table (which may check what it times
+    and return its failures), the failure count; exit status 1 when a check failed."""
     failed: list[int] = []
 
     def body() -> None:
         failed.append(0 if args.no_check else checks())
-        timing(args)
+        failed[0] += timing(args) or 0
         say(f"{failed[0]} check(s) failed")
 
     run(name, title, argv, args.out, body)
