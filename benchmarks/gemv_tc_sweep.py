@@ -29,7 +29,7 @@ from gpu_peers import PEERS
 from qlinear.kernels.triton import configs
 from qlinear.kernels.triton.configs import Config
 from qlinear.kernels.triton.dequant import dense_t
-from qlinear.kernels.triton.layout import build, build_affine32, build_kquant
+from qlinear.kernels.triton.layout import build, build_affine, build_affine32, build_kquant
 from qlinear.kernels.triton.qmm import lock_slots, qmm
 from qlinear.kernels.triton.qmv_tc import qmv_tc
 
@@ -227,8 +227,9 @@ def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Genera
 
 def affine(k: int, n: int, reps: int, gen: torch.Generator, forms: tuple[str, ...] = ("affine32", "kquant")) -> None:
     """GGUF's affine runtimes at M=1 on random Q4_K-shaped values (codes, 6-bit sub-scales and mins per 32,
-    float16 d and dmin per 256): the float32 scale + offset per 32 (``build_affine32``, Q4_0/Q4_1's form) and
-    the two-level form (``build_kquant``, Q4_K's): gemv_tc's configs against the shipped path and bf16."""
+    float16 d and dmin per 256): the float32 scale + offset per 32 (``build_affine32``, Q4_0/Q4_1's form), the
+    two-level form (``build_kquant``, Q4_K's) and bfloat16 scale and offset per 32 (``bf16g32``, MLX g32's):
+    gemv_tc's configs against the shipped path and bf16."""
     codes = torch.randint(0, 16, (n, k), device=DEV, dtype=torch.uint8, generator=gen)
     sc = torch.randint(0, 64, (n, k // 32), device=DEV, dtype=torch.uint8, generator=gen)
     mins = torch.randint(0, 64, (n, k // 32), device=DEV, dtype=torch.uint8, generator=gen)
@@ -246,7 +247,9 @@ def affine(k: int, n: int, reps: int, gen: torch.Generator, forms: tuple[str, ..
     del ws, w16
     lock = torch.zeros(lock_slots(n), dtype=torch.int32, device=DEV)
     builders = {"affine32": lambda: build_affine32(codes, s, o, 4),
-                "kquant": lambda: build_kquant(codes, sc, mins, d, dmin)}
+                "kquant": lambda: build_kquant(codes, sc, mins, d, dmin),
+                # MLX's g32 form: bfloat16 scales and biases (rounded here; within the check's tolerance)
+                "bf16g32": lambda: build_affine(codes, s.bfloat16(), o.bfloat16(), 4, 32, torch.bfloat16)}
     for name in forms:
         p = builders[name]()
         nbytes = sum(t.numel() * t.element_size() for t in (p.qweight, p.scales, p.offsets, p.supers)
@@ -255,6 +258,8 @@ def affine(k: int, n: int, reps: int, gen: torch.Generator, forms: tuple[str, ..
                     for _ in range(copies(nbytes) - 1)]
         ship = configs.legal(configs.choose(torch.cuda.get_device_name(), 132, 1, n, k, 4, 32, "gemv"), 1, p.kp, 4)
         t_ship = timed([lambda x, q=q, c=ship: qmm(x, q, c, None, lock) for q in ps], x, reps)
+        auto = configs.legal(configs.choose(torch.cuda.get_device_name(), 132, 1, n, k, 4, 32), 1, p.kp, 4)
+        t_auto = timed([lambda x, q=q, c=auto: qmm(x, q, c, None, lock) for q in ps], x, reps)
         rows = []
         for c in candidates(p):
             us = checked_time(x, ref, ps, c, lock, reps)
@@ -270,8 +275,9 @@ def affine(k: int, n: int, reps: int, gen: torch.Generator, forms: tuple[str, ..
         rows.sort(key=lambda r: r[0])
         top = ", ".join(f"{us:.1f} {fmt(c, p)}" for us, c in rows[:5])
         best = rows[0][0]
-        print(f"| {name} {k}x{n} ({nbytes / 1e6:.1f} MB) | 4 | 1 | {bf16:.1f} | - | {t_ship:.1f} (gemv) | {best:.1f} | "
-              f"{bf16 / best:.2f}x | {t_ship / best:.2f}x | {top} |", flush=True)
+        print(f"| {name} {k}x{n} ({nbytes / 1e6:.1f} MB) | 4 | 1 | {bf16:.1f} | - | {t_ship:.1f} (gemv); "
+              f"{t_auto:.1f} (the table's pick: {fmt(auto, p) if auto.variant == 'gemv_tc' else auto.variant}) | "
+              f"{best:.1f} | {bf16 / best:.2f}x | {t_ship / best:.2f}x | {top} |", flush=True)
 
 
 def shape_args(ap: argparse.ArgumentParser) -> None:
