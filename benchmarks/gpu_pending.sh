@@ -34,9 +34,15 @@ run conformance_cuda 200 python benchmarks/gpu_check.py --conformance
 run gpu_check 300 python benchmarks/gpu_check.py --jobs 15 --bits 2,4,8 --budget 260 --out "$OUT/gpu_check.md"
 # 8-bit gemv_tc against the shipped variants on the H200 (its table's 8-bit crossovers predate 8-bit gemv_tc)
 run gemv_tc8_rows 90 python benchmarks/gemv_tc8_rows.py --shapes 4096x14336,8192x28672,4096x4096,14336x4096
+# gemv_tc at M=1 on the 4-bit g32 forms with offsets (GGUF Q4_K, MLX g32): on the H100, Q4_K took 32.0 us on
+# 14336x4096 against 21.3 on 4096x14336 (results/h100-gguf_crossover-2026-12-06.md) and MLX g32 35.0 against 21.4,
+# where 4-bit g128 takes about 17; the g32 configs come from the heuristic, not from a sweep (added 2026-12-07, not
+# yet run: the session's device time ran out)
+run gemv_tc_affine 200 python benchmarks/gemv_tc_sweep.py --no-check --bits "" --affine 14336x4096,4096x14336 \
+    --forms kquant,bf16g32
 # MLX on the GPTQ Triton kernels (MlxTritonLinear): checks per variant, gemm5 over groups of 64/128 with offsets
 # (its one-group step dropped them before 2026-12-07) and on 8-bit words with offsets (5/6/8-bit MLX), and timings
-# beside bf16 and MlxTorchLinear
+# beside bf16 and MlxTorchLinear (ran on an H100 on 2026-12-07: results/h100-gpu_mlx-2026-12-07-gemm5.md)
 run gpu_mlx 330 python benchmarks/gpu_mlx.py --reps 20 --ms 1,16,64,256,1024,4096 \
     --forms 4x64,4x128,4x32,8x64,8x32,6x64 --variants gemm5,dense
 # gemm5 on every 4 and 8-bit form after that change (GPTQ, GGUF: their paths without offsets are unchanged)
