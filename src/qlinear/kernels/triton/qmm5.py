@@ -161,7 +161,8 @@ def qmm5_kernel(x_desc, w_desc, s_desc, z_desc, o_desc, u_desc, BIAS, Y, PART, L
                 LOADER_REGS: gl.constexpr):
     """Grid and split-K as ``qmm4_kernel``; ``BLOCK_N`` channels of ``num_warps`` consumer warps plus one loader.
     A step spans ``NG`` groups: 1, or ``BLOCK_K / 32`` over groups of 32 (``fragment.py``: x in fragment order,
-    additive offsets ``o_desc`` and K-quant super pairs ``u_desc`` only there)."""
+    K-quant super pairs ``u_desc`` only there); additive offsets ``o_desc`` in either (MLX: groups of 64/128, and
+    8-bit words)."""
     NW: gl.constexpr = gl.num_warps()
     BKW: gl.constexpr = BLOCK_K * BITS // 32
     NG: gl.constexpr = BLOCK_K // GS if BLOCK_K > GS else 1
