@@ -160,3 +160,21 @@ def test_gemm5_takes_mlx_layers_on_sm90(bits: int, gs: int) -> None:
     assert gemm4_reasons(p, 40, torch.bfloat16, (9, 0), "gemm5") == []
     assert gemm4_reasons(p, 40, torch.bfloat16, (8, 0), "gemm5") != []
     assert gemm4_reasons(p, 40, torch.float32, (9, 0), "gemm5") != []
+
+
+@pytest.mark.parametrize(("bits", "gs"), [(4, 64), (8, 64), (4, 32), (2, 32)])
+def test_sm90_routing_gives_mlx_layers_gemm5_from_m9_to_1024(bits: int, gs: int,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The offset crossovers on an sm_90 device (its capability stood in for here): gemm5 for M = 9..1024 where it
+    takes the layer, dense above; 2-bit words (which gemm5 does not pair) keep the crossovers' other variants."""
+    from qlinear.kernels.triton import qmv_tc
+
+    monkeypatch.setattr(qmv_tc, "capability", lambda device: (9, 0))
+    lay = layer_of(produced(bits, gs, torch.bfloat16), bits, gs, torch.bfloat16)
+    lay.prepare()
+    got = {m: lay.config(m, torch.device("cpu")).variant for m in (12, 40, 300, 1024, 2000)}
+    if bits == 2:
+        assert "gemm5" not in got.values() and got[2000] == "dense", got
+    else:
+        assert got == {12: "gemm5", 40: "gemm5", 300: "gemm5", 1024: "gemm5", 2000: "dense"}, got
+    assert lay.explain_call(40, "cpu").splitlines()[1].startswith(f"M=40: {got[40]} — crossovers for layouts")
