@@ -55,12 +55,21 @@ def _row_at(ring, slot, t: gl.constexpr, r_layout: gl.constexpr, w_layout: gl.co
 
 
 @gluon.jit
+def _place(row, grp, t: gl.constexpr, prev, zero, NG: gl.constexpr):
+    """Row ``t`` (``[BN]``) on the words of group ``t`` of the step, ``prev`` elsewhere; on every word when the step
+    spans one group."""
+    v = gl.broadcast(row[:, None], zero)[0]
+    return v if NG == 1 else gl.where(grp == t, v, prev)
+
+
+@gluon.jit
 def rows_params(ss, zs, os, us, slot, live, NG: gl.constexpr, RPG: gl.constexpr, HAS_Z: gl.constexpr,
                 HAS_OFF: gl.constexpr, HAS_SUP: gl.constexpr, BLOCK_N: gl.constexpr, BKW: gl.constexpr,
                 r_layout: gl.constexpr, w_layout: gl.constexpr):
     """Scale, zero and offset (float32 ``[BN, BKW]``) of every word of a step spanning ``NG`` groups: word row
-    ``r`` takes group ``r // RPG`` (4-bit in 4-row blocks: 4; 8-bit g32: 8). A padded step (``live`` false) gets
-    scale and offset 0: it adds nothing."""
+    ``r`` takes group ``r // RPG`` (4-bit in 4-row blocks: 4; 8-bit g32: 8), or the step's one group (``NG`` 1:
+    groups of 64 and more, 8-bit words or offsets). A padded step (``live`` false) gets scale and offset 0: it adds
+    nothing."""
     grp = gl.arange(0, BKW, layout=gl.SliceLayout(0, w_layout)) // RPG
     grp = gl.broadcast(grp[None, :], gl.zeros([BLOCK_N, BKW], gl.int32, w_layout))[0]
     zero = gl.zeros([BLOCK_N, BKW], gl.float32, w_layout)
@@ -72,15 +81,15 @@ def rows_params(ss, zs, os, us, slot, live, NG: gl.constexpr, RPG: gl.constexpr,
         st = _row_at(ss, slot, t, r_layout, w_layout, BLOCK_N)
         if HAS_SUP:
             st = st * d
-        s2 = gl.where(grp == t, gl.broadcast(st[:, None], zero)[0], s2)
+        s2 = _place(st, grp, t, s2, zero, NG)
         if HAS_Z:
             zt = _row_at(zs, slot, t, r_layout, w_layout, BLOCK_N)
-            z2 = gl.where(grp == t, gl.broadcast(zt[:, None], zero)[0], z2)
+            z2 = _place(zt, grp, t, z2, zero, NG)
         if HAS_OFF:
             ot = _row_at(os, slot, t, r_layout, w_layout, BLOCK_N)
             if HAS_SUP:
                 ot = ot * ndmin
-            o2 = gl.where(grp == t, gl.broadcast(ot[:, None], zero)[0], o2)
+            o2 = _place(ot, grp, t, o2, zero, NG)
     s2 = gl.where(live, s2, zero)
     o2 = gl.where(live, o2, zero)
     return s2, z2, o2

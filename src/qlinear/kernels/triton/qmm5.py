@@ -88,13 +88,6 @@ def _row(ring, slot, r_layout: gl.constexpr, w_layout: gl.constexpr, BLOCK_N: gl
 
 
 @gluon.jit
-def _wide(row, w, live):
-    """A ``[BN]`` group row as float32 ``[BN, BKW]`` over the words (``rows_params``' form), 0 on a padded step."""
-    v = gl.broadcast(row.to(gl.float32)[:, None], w)[0]
-    return gl.where(live, v, gl.zeros_like(v))
-
-
-@gluon.jit
 def _consume(acc, i, steps, xs, ws, ss, zs, os, us, full, empty, ZC: gl.constexpr, NG: gl.constexpr,
              RPG: gl.constexpr, BITS: gl.constexpr, HAS_Z: gl.constexpr, HAS_OFF: gl.constexpr,
              HAS_SUP: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
@@ -113,12 +106,7 @@ def _consume(acc, i, steps, xs, ws, ss, zs, os, us, full, empty, ZC: gl.constexp
         s = gl.where(i < steps, s, gl.zeros_like(s))  # a pair's extra step adds nothing
         z = _row(zs, slot, r_layout, w_layout, BLOCK_N) if HAS_Z else s
         a = _dequant(w, s, z, ZC, HAS_Z, BLOCK_N, BLOCK_K, a_layout, xs.dtype)
-    elif NG == 1:  # one group a step with offsets (MLX g64/g128): the step's one scale and offset row, broadcast
-        s2 = _wide(_row(ss, slot, r_layout, w_layout, BLOCK_N), w, i < steps)
-        z2 = _wide(_row(zs, slot, r_layout, w_layout, BLOCK_N), w, i < steps) if HAS_Z else s2
-        o2 = _wide(_row(os, slot, r_layout, w_layout, BLOCK_N), w, i < steps)
-        a = dequant_rows(w, s2, z2, o2, ZC, HAS_Z, True, BLOCK_N, BLOCK_K, a_layout, xs.dtype)
-    else:  # groups of 32: x in fragment order, a group per 4 word rows (fragment.py)
+    else:  # groups of 32 (x in fragment order, a group per 4 word rows: fragment.py), or one group with offsets
         s2, z2, o2 = rows_params(ss, zs, os, us, slot, i < steps, NG, RPG, HAS_Z, HAS_OFF, HAS_SUP, BLOCK_N,
                                  BLOCK_K // 8, r_layout, w_layout)
         a = dequant_rows(w, s2, z2, o2, ZC, HAS_Z, HAS_OFF, BLOCK_N, BLOCK_K, a_layout, xs.dtype)
