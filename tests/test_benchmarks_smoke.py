@@ -104,3 +104,25 @@ def test_cpu_decode_costs_table() -> None:
     assert "| g128 | 4 |" in text and "| g32 | 4 |" in text and "| MLX 8-bit g64 |" in text
     rows = [r.split("|") for r in text.splitlines() if r.startswith("| 1024x256 |")]
     assert not rows or float(rows[0][-2]) < 1e-2  # the prototype computes the same product (bf16 rounding)
+
+
+def test_producer_kernels_build_trims_exllamav3_gemv_instances(tmp_path: Path) -> None:
+    """``gpu_producer_kernels.exl3_sources`` on the installed exllamav3's extension sources: the GEMV's instance
+    list becomes exactly the forms the benchmark times (one-row and few-row modes, both grid configurations), so a
+    changed exllamav3 fails here rather than in a device session."""
+    spec = importlib.util.find_spec("exllamav3")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("exllamav3 is not installed (pip install --no-deps exllamav3; requirements/nodeps-*.txt)")
+    src = Path(spec.submodule_search_locations[0]) / "exllamav3_ext"
+    g = load("gpu_producer_kernels")
+    files = g.exl3_sources(src, tmp_path, g.EXL3_FORMS)
+    assert all(f.is_file() for f in files)
+    text = files[0].read_text()
+    import re
+
+    sels = re.findall(r"^\s*SEL\((\d), (\d), false, (\d), (\d), false\)$", text, re.M)
+    want = {(str(b), str(g.CB_INDEX[cb]), str(mm), str(cfg)) for b, cb in g.EXL3_FORMS for mm in (0, 1)
+            for cfg in (0, 1)}
+    assert set(sels) == want and len(sels) == len(want)
+    assert not re.search(r"^\s*SEL_GRID\(\d", text, re.M)
+    assert (src / "quant" / "exl3_gemv.cu").read_text() != text  # the installed sources are untouched
