@@ -7,7 +7,8 @@ launch choices, checked against the block decode kernel first.
 
 Times (us, median of CUDA graph replays over enough weight copies to exceed 4x L2, ``gpu_linear.timed``) next to
 bf16 ``F.linear`` at M = 1. GEMV variants: n tiles per program (``tiles_n``), prefetch of the next k tile's words,
-warps per program; the K split is the launcher's rule. ``$OUT``, when set, receives ``gpu_exl3_parts.md``.
+warps per program; the K split is the launcher's rule (``--splits``: multiples of it, over smaller launches).
+``$OUT``, when set, receives ``gpu_exl3_parts.md``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from gpu_report import parse as parse_args
 SHAPES = ((4096, 14336), (14336, 4096))
 DEV = torch.device("cuda")
 VARIANTS = tuple(itertools.product((8, 16, 32), (False, True), (4, 8)))  # (tiles_n, prefetch, warps)
+#: the ``--splits`` sweep's launches: more, smaller programs (more warps resident to hide the decode's latency)
+SPLIT_TILES, SPLIT_WARPS = (4, 8, 16), (2, 4, 8)
 TRANSFORM_MS = (1, 16, 256)
 #: (rows per program, warps) launches of the butterflies besides the default rule; None: the rule
 TRANSFORM_LAUNCHES = ((None, None), (1, 1), (1, 4), (2, 1), (4, 1), (4, 4), (8, 4), (16, 4), (16, 8))
@@ -88,8 +91,8 @@ def sweep(args: argparse.Namespace) -> None:
         su = torch.randn(k, device=DEV, generator=gen)
         say(f"## {k}x{n} M = 1 GEMV: bf16 F.linear {tb:.1f} us")
         say()
-        say("| bits | tiles_n | prefetch | warps | max registers | us | / bf16 | rel diff vs block kernel |")
-        say("|---|---|---|---|---|---|---|---|")
+        say("| bits | tiles_n | prefetch | warps | max registers | K split | us | / bf16 | rel diff vs block kernel |")
+        say("|---|---|---|---|---|---|---|---|---|")
         xh = hadamard.input_transform(x, su)
         for bits in args.bits:
             trs = [torch.randint(-(1 << 15), 1 << 15, (k // 16, n // 16, 16 * bits), device=DEV, dtype=torch.int16,
@@ -97,18 +100,29 @@ def sweep(args: argparse.Namespace) -> None:
             want = exl3_mv.fused_product(xh, trs[0], bits, "3inst", sms).double()
             tblock = timed([lambda v, t=t, b=bits: exl3_mv.fused_product(v, t, b, "3inst", sms) for t in trs], xh,
                            args.reps)
-            say(f"| {bits} | block kernel (tl.dot) | - | 4 | - | {tblock:.1f} | {tblock / tb:.2f} | - |")
-            variants = [(None, exl3_gemv.PREFETCH, None, r) for r in args.maxnreg] if args.maxnreg else [
-                (*v, None) for v in VARIANTS]
-            for tiles_n, pre, warps, regs in variants:
-                def gemv(v, t, b=bits, tiles_n=tiles_n, pre=pre, warps=warps, regs=regs):
+            say(f"| {bits} | block kernel (tl.dot) | - | 4 | - | - | {tblock:.1f} | {tblock / tb:.2f} | - |")
+            if args.maxnreg:
+                variants = [(None, exl3_gemv.PREFETCH, None, r, None) for r in args.maxnreg]
+            elif args.splits:
+                variants = [(tn, exl3_gemv.PREFETCH, w, None, f)
+                            for tn, w, f in itertools.product(SPLIT_TILES, SPLIT_WARPS, args.splits)]
+            else:
+                variants = [(*v, None, None) for v in VARIANTS]
+            for tiles_n, pre, warps, regs, factor in variants:
+                split = None
+                if factor:  # the rule's split for this launch, times factor (capped at one k tile a slice)
+                    kt, nt = k // 16, n // 16
+                    split = min(kt, exl3_gemv.k_split(nt // (tiles_n or exl3_gemv.launch_shape(bits)[0]), kt, sms)
+                                * factor)
+
+                def gemv(v, t, b=bits, tiles_n=tiles_n, pre=pre, warps=warps, regs=regs, split=split):
                     return exl3_gemv.gemv_product(v, t, b, "3inst", sms, tiles_n=tiles_n, warps=warps, prefetch=pre,
-                                                  maxnreg=regs or None)
+                                                  maxnreg=regs or None, split=split)
                 got = gemv(xh, trs[0]).double()
                 rel = float((got - want).norm() / want.norm())
                 tv = timed([lambda v, t=t, f=gemv: f(v, t) for t in trs], xh, args.reps)
-                say(f"| {bits} | {tiles_n or 'rule'} | {pre} | {warps or 'rule'} | {regs or 'compiler'} | {tv:.1f} | "
-                    f"{tv / tb:.2f} | {rel:.1e} |")
+                say(f"| {bits} | {tiles_n or 'rule'} | {pre} | {warps or 'rule'} | {regs or 'compiler'} | "
+                    f"{split or 'rule'} | {tv:.1f} | {tv / tb:.2f} | {rel:.1e} |")
             del trs
         say()
         del wb
@@ -122,9 +136,12 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--no-transforms", action="store_true", help="time the GEMV only")
     p.add_argument("--maxnreg", default="", help="GEMV at the launch rule with these register caps (0: none) "
                                                  "instead of the launch sweep")
+    p.add_argument("--splits", default="", help="GEMV over n tiles 4/8/16 x warps 2/4/8 with the K split this many "
+                                                "times the launcher's rule (1: the rule), instead of the launch sweep")
 
     args = parse_args(p, argv, "bits")
     args.maxnreg = [int(v) for v in args.maxnreg.split(",") if v]
+    args.splits = [int(v) for v in args.splits.split(",") if v]
 
     def body() -> None:
         if not args.no_transforms:

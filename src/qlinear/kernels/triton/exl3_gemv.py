@@ -167,6 +167,15 @@ def rows_per_program(m: int) -> int:
     return min(MAX_ROWS, 1 << max(0, m - 1).bit_length())
 
 
+def k_split(programs: int, kt: int, sms: int) -> int:
+    """K slices per program column: doubled until the grid has two programs per SM, while each slice keeps at
+    least ``MIN_K_TILES`` of the ``kt`` k tiles."""
+    split = 1
+    while programs * split < 2 * sms and kt % (2 * split) == 0 and kt // (2 * split) >= MIN_K_TILES:
+        split *= 2
+    return split
+
+
 def gemv_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str, sms: int,
                  tiles_n: int | None = None, split: int | None = None, warps: int | None = None,
                  prefetch: bool = PREFETCH, rows: int | None = None, maxnreg: int | None = None) -> torch.Tensor:
@@ -186,11 +195,8 @@ def gemv_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: s
     xh = xh.contiguous()
     if xh.data_ptr() % 4:  # the int32 view needs 4-byte alignment
         xh = xh.clone()
-    programs = nt // ntn * -(-m // mb)
     if split is None:
-        split = 1
-        while programs * split < 2 * sms and kt % (2 * split) == 0 and kt // (2 * split) >= MIN_K_TILES:
-            split *= 2
+        split = k_split(nt // ntn * -(-m // mb), kt, sms)
     elif split < 1 or kt % split:
         raise ValueError(f"exl3_gemv: split: expected a divisor of the {kt} k tiles, found {split}")
     y = (torch.zeros if split > 1 else torch.empty)(m, 16 * nt, dtype=torch.float32, device=xh.device)
