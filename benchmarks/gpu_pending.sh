@@ -65,4 +65,15 @@ run e2e_profile_fused 150 python benchmarks/e2e_profile.py --fused --variants bf
 run gemm5_g32 150 python benchmarks/gemm5_g32.py --ms 16,64,256,1024
 run gemm5_8bit 150 python benchmarks/gemm5_g32.py --bits 8 --group 128 --ms 16,32,64,128,256,512,1024
 run gguf_q8 120 python benchmarks/gguf_crossover.py --qtypes Q8_0 --ms 8,16,32,64,128,256,512,1024
+# EXL3 and VPTQ against their producers' own CUDA kernels (issue 24: "faster than their own project's kernel"), built
+# on the device from their sources, which travel in .peers/ (ignored; carry it):
+#     pip download --no-deps exllamav3==1.6.5 -d /tmp/w && unzip -q -o /tmp/w/exllamav3-1.6.5-py3-none-any.whl \
+#         'exllamav3/exllamav3_ext/*' -d /tmp/w && mkdir -p .peers && cp -r /tmp/w/exllamav3/exllamav3_ext .peers/
+#     git clone -q https://github.com/microsoft/VPTQ /tmp/VPTQ && mkdir -p .peers/vptq && cp -r /tmp/VPTQ/csrc .peers/vptq/
+# (written 2026-12-07; no device machine could be started that session, so never run yet)
+[ -d .peers/exllamav3_ext ] && [ -d .peers/vptq/csrc ] && run producer_kernels 300 python \
+    benchmarks/gpu_producer_kernels.py --exl3-src .peers/exllamav3_ext --vptq-src .peers/vptq/csrc --ms 1,4 --reps 20
+# the EXL3 GEMV over smaller launches and larger K splits: whether more resident warps hide its latency (ncu: 20 %
+# achieved occupancy, issue slots 47 % busy, DRAM 11 %)
+run exl3_splits 150 python benchmarks/gpu_exl3_parts.py --no-transforms --shapes 4096x14336 --bits 2,4 --splits 1,4
 exit $status
