@@ -39,6 +39,7 @@ static int common(const char *name, vq_call *c, unsigned long long idx, unsigned
     c->idx = (const uint32_t *)(uintptr_t)idx;
     c->cb = (const void *)(uintptr_t)cb;
     c->rcb = rbits ? (const void *)(uintptr_t)rcb : NULL;
+    c->x = c->xt = NULL, c->y = NULL;
     c->g = g, c->j = j, c->w = w, c->gs = gs, c->kmain = kmain;
     c->v = v, c->cbits = cbits, c->rbits = rbits, c->threads = threads;
     return 1;
@@ -86,9 +87,20 @@ static PyObject *vq_mv(PyObject *self, PyObject *args) {
     c.x = (const float *)(uintptr_t)x;
     c.y = (float *)(uintptr_t)y;
     c.m = m, c.ldx = ldx, c.ldy = ldy;
+    float *xt = NULL;
+    if (vq_columns(&c)) {  /* x's columns, Kmain M floats (a few hundred kB at most) */
+        xt = PyMem_RawMalloc((size_t)(kmain * m) * sizeof(float));
+        if (!xt)
+            return PyErr_NoMemory();
+        for (long long k = 0; k < kmain; k++)
+            for (long long r = 0; r < m; r++)
+                xt[k * m + r] = c.x[r * ldx + k];
+    }
+    c.xt = xt;
     Py_BEGIN_ALLOW_THREADS
     vq_run(&c);
     Py_END_ALLOW_THREADS
+    PyMem_RawFree(xt);
     Py_RETURN_NONE;
 }
 

@@ -121,22 +121,26 @@ static inline __m256 entry8(const vq_call *c, int64_t g, uint32_t code, const in
 /* The V == 8 kernels below take dt as a constant (always inlined into one function per dtype, vq_run's switch). */
 #define VQ_INLINE static inline __attribute__((always_inline))
 
-/* V == 8, 16-bit codebooks: one FMA per row and code. */
-VQ_INLINE void vector8(const vq_call *c, int64_t j, const int dt) {
+/* V == 8, 16-bit codebooks, M rows (a constant where inlined): one FMA per row and code. With M known the loops
+ * over rows unroll and the M sums stay in registers (with M read at run time they lived on the stack, a load and a
+ * store around every FMA), and x comes column-major (c->xt [Kmain][M]: vq_columns), so a code's M broadcasts read
+ * one short run at constant offsets from one pointer. */
+VQ_INLINE void vector8(const vq_call *c, int64_t j, const int dt, const int M) {
     __m256 acc[VQ_MAX_M];
-    for (int64_t m = 0; m < c->m; m++)
+    for (int m = 0; m < M; m++)
         acc[m] = _mm256_setzero_ps();
     for (int64_t g = 0; g < c->g; g++) {
         int64_t c0;
         const int64_t tmax = group_cols(c, g, &c0);
+        const float *x = c->xt + c0 * M;
         const uint32_t *s = stream(c, g, j);
         for (int64_t t = 0; t < tmax; t++) {
             const __m256 e = entry8(c, g, code_at(c, s, t), dt);
-            for (int64_t m = 0; m < c->m; m++)
-                acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(c->x[m * c->ldx + c0 + t]), e, acc[m]);
+            for (int m = 0; m < M; m++)
+                acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(x[t * M + m]), e, acc[m]);
         }
     }
-    for (int64_t m = 0; m < c->m; m++)
+    for (int m = 0; m < M; m++)
         _mm256_storeu_ps(c->y + m * c->ldy + j * 8, acc[m]);
 }
 
@@ -188,17 +192,28 @@ VQ_INLINE void decode8(const vq_call *c, int64_t jb, int64_t nb, uint16_t *col, 
     }
 }
 /* vq_mv / vq_decode for V == 8 and 16-bit codebooks: one function per kernel and dtype. */
-static void vector8_f16(const vq_call *c, int64_t j) { vector8(c, j, VQ_F16); }
-static void vector8_bf16(const vq_call *c, int64_t j) { vector8(c, j, VQ_BF16); }
+typedef void (*vq_vector_fn)(const vq_call *c, int64_t j);
+#define VQ_ROWS(M)                                                                                                   \
+    static void vector8_f16_##M(const vq_call *c, int64_t j) { vector8(c, j, VQ_F16, M); }                           \
+    static void vector8_bf16_##M(const vq_call *c, int64_t j) { vector8(c, j, VQ_BF16, M); }
+VQ_ROWS(3)
+VQ_ROWS(4)
+VQ_ROWS(5)
+VQ_ROWS(6)
+VQ_ROWS(7)
+VQ_ROWS(8)
+#undef VQ_ROWS
 static void vector8_few_f16(const vq_call *c, int64_t j) { vector8_few(c, j, VQ_F16); }
 static void vector8_few_bf16(const vq_call *c, int64_t j) { vector8_few(c, j, VQ_BF16); }
 
-static void run8(const vq_call *c, int64_t j) {
-    if (c->m <= 2)
-        (c->dt == VQ_F16 ? vector8_few_f16 : vector8_few_bf16)(c, j);
-    else
-        (c->dt == VQ_F16 ? vector8_f16 : vector8_bf16)(c, j);
-}
+/* [dtype is bfloat16][rows]: the kernel for 1..VQ_MAX_M rows */
+static const vq_vector_fn VECTOR8[2][VQ_MAX_M + 1] = {
+    {NULL, vector8_few_f16, vector8_few_f16, vector8_f16_3, vector8_f16_4, vector8_f16_5, vector8_f16_6,
+     vector8_f16_7, vector8_f16_8},
+    {NULL, vector8_few_bf16, vector8_few_bf16, vector8_bf16_3, vector8_bf16_4, vector8_bf16_5, vector8_bf16_6,
+     vector8_bf16_7, vector8_bf16_8}};
+
+static void run8(const vq_call *c, int64_t j) { VECTOR8[c->dt != VQ_F16][c->m](c, j); }
 
 static void decode8_any(const vq_call *c, int64_t jb, int64_t nb, uint16_t *col, int64_t ldo) {
     if (c->dt == VQ_F16)
@@ -321,6 +336,8 @@ static void vector_any(const vq_call *c, int64_t j) {
     for (int64_t m = 0; m < c->m; m++)
         memcpy(c->y + m * c->ldy + j * c->v, acc[m], (size_t)c->v * 4);
 }
+
+int vq_columns(const vq_call *c) { return VQ_AVX2 && c->v == 8 && c->dt != VQ_F32 && c->m >= 3; }
 
 void vq_run(const vq_call *c) {
 #ifdef _OPENMP

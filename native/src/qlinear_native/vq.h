@@ -9,17 +9,19 @@
 
 enum { VQ_F16 = 0, VQ_BF16 = 1, VQ_F32 = 2 };
 
-/* One call: indices [G][J][W] int32 bit streams, codebooks [G][C*V] (and [G][R*V]) of dtype dt, x float32 [M][ldx],
- * y float32 [M][ldy]. */
+/* One call: indices [G][J][W] int32 bit streams, codebooks [G][C*V] (and [G][R*V]) of dtype dt, x float32 [M][ldx]
+ * (and, where vq_columns says so, the same values column-major in xt [Kmain][M]), y float32 [M][ldy]. */
 typedef struct {
     const uint32_t *idx;
     const void *cb, *rcb;
-    const float *x;
+    const float *x, *xt;
     float *y;
     int64_t m, g, j, w, gs, kmain, ldx, ldy;
     int v, cbits, rbits, dt, threads;
 } vq_call;
 
+/* Whether vq_run reads x column-major (c->xt) for this call: the V == 8 kernels for 3 rows and more */
+int vq_columns(const vq_call *c);
 /* y = x times the main weight (M <= VQ_MAX_M), threads over vectors */
 void vq_run(const vq_call *c);
 /* vectors j0..j1-1 of the main weight into out [Kmain][ldo] bfloat16 (transposed) */
