@@ -37,8 +37,9 @@ INSTALL = "./native (qlinear's native extra, built for this CPU)"
 MV_MAX_M = 16
 #: The same bound for vectors of 8 with float16 / bfloat16 codebooks (VPTQ's released configurations), whose
 #: ``vq_mv`` kernels keep a pass's 8 row sums in registers: vq_mv / decode + GEMM ms on the same layer
-#: (``results/cpu_formats-vptq-rows-2026-12-07.md``): M = 8 11.1 / 39.1, M = 16 22.0 / 39.2, M = 24 33.4 / 39.1,
-#: M = 32 45.6 / 40.2, M = 64 88.3 / 44.3.
+#: (``results/cpu_formats-vptq-rows-2026-12-07.md``, 2 MiB tiles): M = 8 11.1 / 39.1, M = 16 22.0 / 39.2, M = 24
+#: 33.4 / 39.1, M = 32 45.6 / 40.2, M = 64 88.3 / 44.3; with today's 8 MiB tiles M = 20 31.0 / 33.0, M = 24 32.3 /
+#: 32.4, M = 28 42.5 / 33.7.
 MV_MAX_M_V8 = 24
 
 
@@ -47,8 +48,11 @@ def mv_max_m(p: vptq.VptqParams, codebook: torch.dtype) -> int:
     return MV_MAX_M_V8 if p.vector_len == 8 and codebook != torch.float32 else MV_MAX_M
 
 
-#: Decoded values per tile of ``decode_product`` (bfloat16: 2 MiB, about L2).
-TILE_ELEMENTS = 1 << 20
+#: Decoded values per tile of ``decode_product`` (bfloat16: 8 MiB, freed with the call). Wider tiles mean fewer,
+#: wider GEMMs; one thread, ms for 2^20 / 2^21 / 2^22 / 2^23 values (``results/cpu_formats-vptq-rows-2026-12-07.md``):
+#: 4096x14336 M = 64 42.4 / 38.8 / 38.0 / 36.7, M = 256 64.0 / 59.9 / 59.0 / 63.2; 14336x4096 M = 64 52.6 / 45.5 /
+#: 38.0 / 41.5, M = 256 90.7 / 78.1 / 62.4 / 73.0 (2^18: 54.5 / 87.1 and 75.4 / 159.9).
+TILE_ELEMENTS = 1 << 22
 
 
 def native() -> ModuleType:
