@@ -130,3 +130,20 @@ def test_rows_bound_follows_the_kernel(kw: dict, rows: int, monkeypatch: pytest.
     assert vptq_cpu.mv_max_m(fast.params, torch.float16) == rows
     text = VPTQCpuLinear.describe_runs(Problem(fast.scheme, torch.bfloat16), Target.fake_cpu(modules={}))
     assert f"up to M={rows}," in text
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decoded_tiles_are_the_float32_decode_rounded_once(dtype: torch.dtype) -> None:
+    """``vq_decode``'s bfloat16 tile (V = 8, residual codebook, several groups) is bit for bit the oracle's float32
+    decode rounded to nearest even, whichever float32 -> bfloat16 conversion the build uses (VCVTNEPS2BF16 where
+    the CPU has AVX512-BF16, integer rounding otherwise)."""
+    kw = dict(k=256, n=64, v=8, c=256, r=16, gs=128, seed=12, dtype=dtype)
+    meta, _, fast, _, w = build(kw, torch.bfloat16)
+    codes = vptq_cpu.Codes.of(fast.tensors()["indices"], fast.tensors()["centroids.weight"],
+                              fast.tensors().get("res_centroids.weight"), fast.params)
+    j, v, k = codes.sizes[1], codes.v, meta["K"]
+    tile = torch.empty(k, j * v, dtype=torch.bfloat16)
+    vptq_cpu.native().vq_decode(*codes.pointers, tile.data_ptr(), *codes.sizes, k, 0, j, j * v, v, *codes.bits,
+                                codes.dtype, 1)
+    want = w.to(torch.float32).to(torch.bfloat16).t()  # [K, N]
+    assert torch.equal(tile[:, :meta["N"]].view(torch.int16), want.contiguous().view(torch.int16))

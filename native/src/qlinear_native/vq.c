@@ -170,8 +170,12 @@ VQ_INLINE void vector8_few(const vq_call *c, int64_t j, const int dt) {
                                                                   _mm256_add_ps(acc[2][m], acc[3][m])));
 }
 
-/* float32 -> bfloat16, round to nearest even, as ql_bf16 (finite values) */
+/* float32 -> bfloat16, round to nearest even, as ql_bf16 (finite values; the sums of 16-bit codebook values here
+ * are never float32 subnormals, which VCVTNEPS2BF16 would flush) */
 static inline __m128i bf16x8(__m256 e) {
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+    return (__m128i)_mm256_cvtneps_pbh(e);
+#endif
     const __m256i u = _mm256_castps_si256(e);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd)), 16);
