@@ -175,11 +175,12 @@ VQ_INLINE void vector8_few(const vq_call *c, int64_t j, const int dt) {
 static inline __m128i bf16x8(__m256 e) {
 #if defined(__AVX512BF16__) && defined(__AVX512VL__)
     return (__m128i)_mm256_cvtneps_pbh(e);
-#endif
+#else
     const __m256i u = _mm256_castps_si256(e);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd)), 16);
     return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+#endif
 }
 
 /* V == 8, 16-bit codebooks: vectors jb..jb+nb-1 (nb <= 4) side by side, so each column's nb codes fill one 64-byte
