@@ -132,12 +132,14 @@ def test_rows_bound_follows_the_kernel(kw: dict, rows: int, monkeypatch: pytest.
     assert f"up to M={rows}," in text
 
 
+@pytest.mark.parametrize("residual", [16, 0])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_decoded_tiles_are_the_float32_decode_rounded_once(dtype: torch.dtype) -> None:
-    """``vq_decode``'s bfloat16 tile (V = 8, residual codebook, several groups) is bit for bit the oracle's float32
-    decode rounded to nearest even, whichever float32 -> bfloat16 conversion the build uses (VCVTNEPS2BF16 where
-    the CPU has AVX512-BF16, integer rounding otherwise)."""
-    kw = dict(k=256, n=64, v=8, c=256, r=16, gs=128, seed=12, dtype=dtype)
+def test_decoded_tiles_are_the_float32_decode_rounded_once(dtype: torch.dtype, residual: int) -> None:
+    """``vq_decode``'s bfloat16 tile (V = 8, several groups) is bit for bit the oracle's float32 decode rounded to
+    nearest even: with a residual codebook, entries summed and rounded per code (VCVTNEPS2BF16 where the CPU has
+    AVX512-BF16, integer rounding otherwise); without, copied from a bfloat16 table made once per call (the
+    codebook itself when it is bfloat16)."""
+    kw = dict(k=256, n=64, v=8, c=256, gs=128, seed=12, dtype=dtype) | ({"r": residual} if residual else {})
     meta, _, fast, _, w = build(kw, torch.bfloat16)
     codes = vptq_cpu.Codes.of(fast.tensors()["indices"], fast.tensors()["centroids.weight"],
                               fast.tensors().get("res_centroids.weight"), fast.params)
