@@ -4,7 +4,7 @@ The reference is ``tests/oracle/vptq_numpy.py``'s decode of the same codes with 
 to float32 instead of the codebook dtype (``vq_mv`` sums in float32 without the producers' roundings), times x in
 float64; the producers' own rounding is bounded separately against ``VPTQLinear``. Cases: residual codebooks,
 outlier columns, permutation, both norms, bias, float16 and bfloat16 codebooks, several row counts (M above
-``mv_max_m`` runs the decoded tiles). Skipped without the native extra (``pip install ./native``).
+``MV_MAX_M`` runs the decoded tiles). Skipped without the native extra (``pip install ./native``).
 """
 
 from __future__ import annotations
@@ -56,8 +56,7 @@ def build(kw: dict, x_dtype: torch.dtype):
 def test_matches_float64(kw: dict, x_dtype: torch.dtype) -> None:
     meta, t, fast, exact, w = build(kw, x_dtype)
     bias = t["bias"].double() if "bias" in t else 0
-    limit = vptq_cpu.mv_max_m(fast.params, fast.tensors()["centroids.weight"].dtype)
-    for m in (1, 2, 3, 5, 8, 9, limit):  # the 1-2 row kernel, every 3..8-row one's shape, two passes, the bound
+    for m in (1, 2, 3, 5, 8, 9, vptq_cpu.MV_MAX_M):  # the 1-2 row kernel, 3..8-row ones, two passes, the bound
         x = torch.randn(m, meta["K"], generator=torch.Generator().manual_seed(m)).to(x_dtype)
         y = fast(x)
         assert y.dtype == x_dtype and y.shape == (m, meta["N"])
@@ -72,10 +71,10 @@ def test_matches_float64(kw: dict, x_dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("kw", CASES + MORE)
 def test_more_rows_decode_bfloat16_tiles(kw: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Above ``mv_max_m`` rows: ``vq_decode`` tiles (small tiles here: several per layer) and bfloat16 GEMMs."""
+    """Above ``MV_MAX_M`` rows: ``vq_decode`` tiles (small tiles here: several per layer) and bfloat16 GEMMs."""
     monkeypatch.setattr(vptq_cpu, "TILE_ELEMENTS", 8 * 64)
     meta, t, fast, _, w = build(kw, torch.bfloat16)
-    m = vptq_cpu.mv_max_m(fast.params, fast.tensors()["centroids.weight"].dtype) + 3
+    m = vptq_cpu.MV_MAX_M + 3
     x = torch.randn(m, meta["K"], generator=torch.Generator().manual_seed(m)).bfloat16()
     ref = x.double() @ w.t() + (t["bias"].double() if "bias" in t else 0)
     err = float((fast(x).double() - ref).abs().max() / ref.abs().max())
@@ -115,21 +114,19 @@ def test_bad_input_is_named() -> None:
         vptq_cpu.main_product(torch.randn(2, meta["K"]), codes, meta["N"])
 
 
-@pytest.mark.parametrize("kw, rows", [(MORE[0], vptq_cpu.MV_MAX_M_V8), (MORE[2], vptq_cpu.MV_MAX_M)])
-def test_rows_bound_follows_the_kernel(kw: dict, rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Vectors of 8 with 16-bit codebooks (vq.c's register kernels) stay on ``vq_mv`` up to ``MV_MAX_M_V8`` rows;
-    other vector lengths switch to the decoded tiles above ``MV_MAX_M``; ``explain`` names the bound."""
+@pytest.mark.parametrize("kw", [MORE[0], MORE[2]])
+def test_rows_bound_switches_to_the_tiles(kw: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``vq_mv`` up to ``MV_MAX_M`` rows, the decoded tiles above; ``explain`` names the bound."""
     meta, _, fast, _, _ = build(kw, torch.bfloat16)
     ran: list[str] = []
     for name in ("main_product", "decode_product"):
         real = getattr(vptq_cpu, name)
         monkeypatch.setattr(vptq_cpu, name, lambda *a, real=real, name=name: ran.append(name) or real(*a))
-    for m in (rows, rows + 1):
+    for m in (vptq_cpu.MV_MAX_M, vptq_cpu.MV_MAX_M + 1):
         fast(torch.randn(m, meta["K"]).bfloat16())
     assert ran == ["main_product", "decode_product"]
-    assert vptq_cpu.mv_max_m(fast.params, torch.float16) == rows
     text = VPTQCpuLinear.describe_runs(Problem(fast.scheme, torch.bfloat16), Target.fake_cpu(modules={}))
-    assert f"up to M={rows}," in text
+    assert f"up to M={vptq_cpu.MV_MAX_M}," in text
 
 
 @pytest.mark.parametrize("residual", [16, 0])

@@ -31,23 +31,10 @@ from .vptq import VPTQLinear
 NATIVE = "qlinear_native._vq"
 INSTALL = "./native (qlinear's native extra, built for this CPU)"
 #: Rows up to which ``vq_mv`` runs (8 rows a pass over the codes); above, ``decode_product``. Measured one thread,
-#: 2-bit v8 k65536 4096x14336 (``results/cpu_formats-vptq-2026-12-07.md``), vq_mv / decode + GEMM ms: M = 1 10.4 /
-#: 66.5, M = 8 25.9 / 63.2, M = 16 56.9 / 64.9, M = 64 230 / 71.3. Vectors of 8 with 16-bit codebooks take
-#: ``MV_MAX_M_V8``.
+#: 2-bit v8 k65536 4096x14336 (``results/cpu_formats-vptq-rows-2026-12-07.md``, the session's last tree: vq_mv with
+#: its sums in registers, 8 MiB tiles, the bfloat16 table), vq_mv / decode + GEMM ms: M = 8 14.1 / 31.7, M = 12
+#: 25.8 / 31.2, M = 16 27.0 / 30.7, M = 20 40.1 / 31.1, M = 24 42.2 / 30.7.
 MV_MAX_M = 16
-#: The same bound for vectors of 8 with float16 / bfloat16 codebooks (VPTQ's released configurations), whose
-#: ``vq_mv`` kernels keep a pass's 8 row sums in registers: vq_mv / decode + GEMM ms on the same layer
-#: (``results/cpu_formats-vptq-rows-2026-12-07.md``, 2 MiB tiles): M = 8 11.1 / 39.1, M = 16 22.0 / 39.2, M = 24
-#: 33.4 / 39.1, M = 32 45.6 / 40.2, M = 64 88.3 / 44.3; with today's 8 MiB tiles M = 20 31.0 / 33.0, M = 24 32.3 /
-#: 32.4, M = 28 42.5 / 33.7.
-MV_MAX_M_V8 = 24
-
-
-def mv_max_m(p: vptq.VptqParams, codebook: torch.dtype) -> int:
-    """The most rows ``vq_mv`` takes for a layer before ``decode_product`` is faster."""
-    return MV_MAX_M_V8 if p.vector_len == 8 and codebook != torch.float32 else MV_MAX_M
-
-
 #: Decoded values per tile of ``decode_product`` (bfloat16: 8 MiB, freed with the call). Wider tiles mean fewer,
 #: wider GEMMs; one thread, ms for 2^20 / 2^21 / 2^22 / 2^23 values (``results/cpu_formats-vptq-rows-2026-12-07.md``):
 #: 4096x14336 M = 64 42.4 / 38.8 / 38.0 / 36.7, M = 256 64.0 / 59.9 / 59.0 / 63.2; 14336x4096 M = 64 52.6 / 45.5 /
@@ -122,7 +109,7 @@ def decode_product(xm: torch.Tensor, codes: Codes, n: int) -> torch.Tensor:
 
 class VPTQCpuLinear(VPTQLinear):
     """VPTQ on CPU: the packed codes walked once per call by the native extra, codebook vectors summed in float32
-    (up to ``mv_max_m`` rows; above, bfloat16 tiles decoded by it and one GEMM each)."""
+    (up to ``MV_MAX_M`` rows; above, bfloat16 tiles decoded by it and one GEMM each)."""
 
     backend = BACKEND.VPTQ_CPU
     caps = Caps(
@@ -156,9 +143,7 @@ class VPTQCpuLinear(VPTQLinear):
     def describe_runs(cls, problem: Problem, target: Target) -> str:
         s = problem.scheme
         what = vptq.describe(s) if isinstance(s.layout_params, vptq.VptqParams) else "VPTQ"
-        limit = mv_max_m(s.layout_params, s.layout_params.codebook_dtype) if isinstance(
-            s.layout_params, vptq.VptqParams) else MV_MAX_M
-        return (f"{what}: up to M={limit}, the packed codes walked once per call by the native extra (vq_mv: "
+        return (f"{what}: up to M={MV_MAX_M}, the packed codes walked once per call by the native extra (vq_mv: "
                 "codebook vectors times x summed in float32, the norm folded into x, outlier columns by torch); "
                 "above, bfloat16 weight tiles decoded by it (vq_decode), one GEMM each")
 
@@ -180,8 +165,7 @@ class VPTQCpuLinear(VPTQLinear):
         if self._rt_scale is not None:  # norm per input column: sum_k x (w s + b) = sum_k (x s) w + x . b
             extra = xm @ self._rt_bias[os_:].float()
             xm = xm * self._rt_scale[os_:].float()
-        small = x2.shape[0] <= mv_max_m(p, t["centroids.weight"].dtype)
-        product = main_product if small else decode_product
+        product = main_product if x2.shape[0] <= MV_MAX_M else decode_product
         y = product(xm, Codes.of(t["indices"], t["centroids.weight"], t.get("res_centroids.weight"), p), n)
         if extra is not None:
             y += extra[:, None]
