@@ -134,12 +134,13 @@ def test_rows_bound_switches_to_the_tiles(kw: dict, monkeypatch: pytest.MonkeyPa
 def test_decoded_tiles_are_the_float32_decode_rounded_once(dtype: torch.dtype, residual: int) -> None:
     """``vq_decode``'s bfloat16 tile (V = 8, several groups) is bit for bit the oracle's float32 decode rounded to
     nearest even: with a residual codebook, entries summed and rounded per code (VCVTNEPS2BF16 where the CPU has
-    AVX512-BF16, integer rounding otherwise); without, copied from a bfloat16 table made once per call (the
-    codebook itself when it is bfloat16)."""
+    AVX512-BF16, integer rounding otherwise); without, copied from the codebook as ``decode_product`` hands it over
+    (``Codes.tile_codes``: a float16 one rounded to bfloat16 once per call)."""
     kw = dict(k=256, n=64, v=8, c=256, gs=128, seed=12, dtype=dtype) | ({"r": residual} if residual else {})
     meta, _, fast, _, w = build(kw, torch.bfloat16)
     codes = vptq_cpu.Codes.of(fast.tensors()["indices"], fast.tensors()["centroids.weight"],
-                              fast.tensors().get("res_centroids.weight"), fast.params)
+                              fast.tensors().get("res_centroids.weight"), fast.params).tile_codes()
+    assert codes.dtype == ("float16" if residual and dtype == torch.float16 else "bfloat16")
     j, v, k = codes.sizes[1], codes.v, meta["K"]
     tile = torch.empty(k, j * v, dtype=torch.bfloat16)
     vptq_cpu.native().vq_decode(*codes.pointers, tile.data_ptr(), *codes.sizes, k, 0, j, j * v, v, *codes.bits,

@@ -16,7 +16,6 @@
  * vectors in a fixed order, so results do not depend on the thread count.
  */
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_common.h"
@@ -368,19 +367,16 @@ void vq_run(const vq_call *c) {
     }
 }
 
-/* Vectors j0..j1-1 of the main weight decoded to bfloat16, transposed for the caller's GEMM: out[c][(j - j0) V + v]
- * = bf16(entry(code)[v]) for main columns c < kmain (one rounding to nearest even), so each code's V values are one
- * contiguous store; threads take blocks of 4 vectors. */
 #if VQ_AVX2
-/* V == 8 without a residual: each code's 8 bfloat16 values copied from a bfloat16 table (the codebook itself when it
- * is bfloat16), vectors jb..jb+nb-1 side by side as decode8 lays them. */
-static void decode8_table(const vq_call *c, int64_t jb, int64_t nb, uint16_t *col, int64_t ldo,
-                          const uint16_t *table) {
+/* V == 8, a bfloat16 codebook without a residual: each code's 8 values copied as they are (decode8 would widen and
+ * round them back to themselves), vectors jb..jb+nb-1 side by side as decode8 lays them. decode_product hands a
+ * float16 codebook over rounded to bfloat16 once per call, so such layers take this path too. */
+static void decode8_copy(const vq_call *c, int64_t jb, int64_t nb, uint16_t *col, int64_t ldo) {
     const uint32_t mask = (1u << c->cbits) - 1u;
     for (int64_t g = 0; g < c->g; g++) {
         int64_t c0;
         const int64_t tmax = group_cols(c, g, &c0);
-        const uint16_t *tg = table + (g << c->cbits) * 8;
+        const uint16_t *tg = (const uint16_t *)c->cb + (g << c->cbits) * 8;
         for (int64_t t = 0; t < tmax; t++)
             for (int64_t q = 0; q < nb; q++) {
                 const uint32_t code = code_at(c, stream(c, g, jb + q), t) & mask;
@@ -389,28 +385,15 @@ static void decode8_table(const vq_call *c, int64_t jb, int64_t nb, uint16_t *co
             }
     }
 }
-
-/* The bfloat16 table decode8_table reads for a float16 codebook (each value rounded once, as decode8 rounds it), or
- * NULL where that path does not apply or the memory is not there (decode8 then converts per code). */
-static uint16_t *bf16_table(const vq_call *c) {
-    if (c->v != 8 || c->dt != VQ_F16 || c->rcb)
-        return NULL;
-    const int64_t values = (c->g << c->cbits) * 8;
-    uint16_t *table = malloc((size_t)values * sizeof(uint16_t));
-    if (table)
-        for (int64_t i = 0; i < values; i += 8)
-            _mm_storeu_si128((__m128i *)(table + i),
-                             bf16x8(widen8(_mm_loadu_si128((const __m128i *)((const uint16_t *)c->cb + i)), VQ_F16)));
-    return table;
-}
 #endif
 
+/* Vectors j0..j1-1 of the main weight decoded to bfloat16, transposed for the caller's GEMM: out[c][(j - j0) V + v]
+ * = bf16(entry(code)[v]) for main columns c < kmain (one rounding to nearest even), so each code's V values are one
+ * contiguous store; threads take blocks of 4 vectors. */
 void vq_decode_cols(const vq_call *c, int64_t j0, int64_t j1, uint16_t *out, int64_t ldo) {
     const int64_t units = (j1 - j0 + 3) / 4;
 #if VQ_AVX2
-    uint16_t *converted = bf16_table(c);
-    const uint16_t *table = converted ? converted
-                            : (c->v == 8 && c->dt == VQ_BF16 && !c->rcb) ? (const uint16_t *)c->cb : NULL;
+    const int copy = c->v == 8 && c->dt == VQ_BF16 && !c->rcb;
 #endif
 #ifdef _OPENMP
 #pragma omp parallel num_threads(ql_threads(c->threads, units))
@@ -422,8 +405,8 @@ void vq_decode_cols(const vq_call *c, int64_t j0, int64_t j1, uint16_t *out, int
         for (int64_t u = lo; u < hi; u++) {
             const int64_t jb = j0 + 4 * u, nb = j1 - jb < 4 ? j1 - jb : 4;
 #if VQ_AVX2
-            if (table) {
-                decode8_table(c, jb, nb, out + (jb - j0) * 8, ldo, table);
+            if (copy) {
+                decode8_copy(c, jb, nb, out + (jb - j0) * 8, ldo);
                 continue;
             }
             if (c->v == 8 && c->dt != VQ_F32) {
@@ -448,7 +431,4 @@ void vq_decode_cols(const vq_call *c, int64_t j0, int64_t j1, uint16_t *out, int
                 }
         }
     }
-#if VQ_AVX2
-    free(converted);
-#endif
 }

@@ -16,7 +16,7 @@ float32 (``tests/test_vptq_cpu.py`` bounds both against float64). A forward that
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 
 import torch
@@ -71,6 +71,16 @@ class Codes:
                    (*idx.shape, p.group_size), p.vector_len, (p.index_bits, p.total_bits - p.index_bits),
                    str(cb.dtype).removeprefix("torch."))
 
+    def tile_codes(self) -> Codes:
+        """The codes as ``decode_product`` hands them to ``vq_decode``: a float16 codebook without a residual rounded
+        to bfloat16 once (VPTQ's k65536 table: 1 MiB a call), since each tile value is that rounding of one entry;
+        ``vq_decode`` then copies entries instead of converting one per code. Anything else as it is."""
+        if self.dtype != "float16" or self.pointers[2]:
+            return self
+        cb = self.tensors[1].to(torch.bfloat16)
+        return replace(self, tensors=(self.tensors[0], cb), pointers=(self.pointers[0], cb.data_ptr(), 0),
+                       dtype="bfloat16")
+
 
 def main_product(xm: torch.Tensor, codes: Codes, n: int) -> torch.Tensor:
     """``xm [M, Kmain]`` float32 (decoded-column order, outliers removed, norm scale folded in) times the main
@@ -93,6 +103,7 @@ def decode_product(xm: torch.Tensor, codes: Codes, n: int) -> torch.Tensor:
     float32 ``[M, N]``. No decoded row outlives its tile."""
     mod = native()
     m, kmain = xm.shape
+    codes = codes.tile_codes()
     j, v = codes.sizes[1], codes.v
     per = max(1, TILE_ELEMENTS // (kmain * v))  # vectors a tile
     width = min(per, j) * v
