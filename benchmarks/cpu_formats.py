@@ -63,14 +63,14 @@ def mlx8_parts(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
 
 
 def vptq(k: int, n: int, gen: torch.Generator, cls: type | None = None, v: int = 8,
-         codebook: torch.dtype = torch.float16) -> torch.nn.Module:
-    """v8 k65536 (2 bits), norm and permutation; ``cls``: the kernel (default the exact ``VPTQLinear``); ``v`` and
-    ``codebook``: another vector length or codebook dtype."""
+         codebook: torch.dtype = torch.float16, residual: int = 0) -> torch.nn.Module:
+    """v8 k65536 (2 bits), norm and permutation; ``cls``: the kernel (default the exact ``VPTQLinear``); ``v``,
+    ``codebook`` and ``residual``: another vector length, codebook dtype or residual codebook size."""
     from qlinear.kernels.vptq import VPTQLinear
     from qlinear.layouts.vptq import VptqParams
     from qlinear.spec import Scheme
 
-    p = VptqParams(vector_len=v, num_centroids=65536, group_num=1, group_size=k, num_res_centroids=0,
+    p = VptqParams(vector_len=v, num_centroids=65536, group_num=1, group_size=k, num_res_centroids=residual,
                    enable_norm=True, enable_perm=True, codebook_dtype=codebook, aux_dtype=torch.int16)
     s = Scheme(bits=p.nominal_bits(), group_size=-1, in_features=k, out_features=n, method="vptq", format="vptq",
                layout_params=p)
@@ -102,6 +102,12 @@ def vptq_native_v12(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
     from qlinear.kernels.vptq_cpu import VPTQCpuLinear
 
     return vptq(k, n, gen, VPTQCpuLinear, v=12)
+
+
+def vptq_native_v16(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
+    from qlinear.kernels.vptq_cpu import VPTQCpuLinear
+
+    return vptq(k, n, gen, VPTQCpuLinear, v=16, residual=65536)
 
 
 def exl3(k: int, n: int, gen: torch.Generator) -> torch.nn.Module:
@@ -178,7 +184,8 @@ FORMATS: dict[str, Callable[[int, int, torch.Generator], torch.nn.Module]] = {
     "MLX 8-bit g64 (AUTO: two nibble parts)": mlx8_parts, "VPTQ v8 k65536 (2-bit)": vptq,
     "VPTQ v8 k65536 (2-bit) (AUTO with the native extra: vq_mv)": vptq_native,
     "VPTQ v8 k65536, bfloat16 codebook (AUTO, native)": vptq_native_bf16,
-    "VPTQ v12 k65536 (1.3-bit) (AUTO, native)": vptq_native_v12, "EXL3 4-bit": exl3,
+    "VPTQ v12 k65536 (1.3-bit) (AUTO, native)": vptq_native_v12,
+    "VPTQ v16 k65536 + residual k65536 (2-bit) (AUTO, native)": vptq_native_v16, "EXL3 4-bit": exl3,
     "EXL2 ~3.9-bit": exl2, "EXL2 ~3.9-bit (AUTO: 4-bit parts)": exl2_parts, "ParoQuant 4-bit g128": paroquant,
     "ParoQuant 4-bit g128 (AUTO: rotation + int4 kernels)": paroquant_int4}
 

@@ -10,6 +10,7 @@ outlier columns, permutation, both norms, bias, float16 and bfloat16 codebooks, 
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import pytest
 import torch
@@ -31,11 +32,16 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("qlinear_native") is No
 
 MORE = [dict(k=256, n=64, v=8, c=256, r=16, gs=128, perm=True, norm=True, bias=True, m=9, seed=7),  # the V=8 path
         dict(k=200, n=30, v=8, c=1024, gs=64, seed=8, dtype=torch.bfloat16, m=9),  # a padded last group
-        # the any-V registers (vq.c vector_wide / decode_wide): two registers an entry with a masked tail and a
+        # the any-V registers (vq_wide.c): two registers an entry with a masked tail and a
         # residual; two full ones from bfloat16; float32 codebooks with a 2-value tail, one row (4 sets of sums)
         dict(k=96, n=48, v=12, c=64, r=16, gs=32, norm=True, seed=9, m=5),
         dict(k=64, n=32, v=16, c=32, gs=64, seed=10, dtype=torch.bfloat16, m=2),
-        dict(k=64, n=20, v=10, c=32, gs=64, seed=11, dtype=torch.float32, m=1)]
+        dict(k=64, n=20, v=10, c=32, gs=64, seed=11, dtype=torch.float32, m=1),
+        # one register with a masked tail (float16 v6); an odd tail from float32 (v5: no 32-bit lane holds just the
+        # last bfloat16 value of a decoded run); past two registers (v24: the scalar loops)
+        dict(k=64, n=30, v=6, c=64, r=8, gs=64, seed=12, m=3),
+        dict(k=64, n=25, v=5, c=32, gs=64, seed=13, dtype=torch.float32, m=4),
+        dict(k=64, n=48, v=24, c=32, gs=32, seed=14, m=2)]
 
 
 def build(kw: dict, x_dtype: torch.dtype):
@@ -127,6 +133,23 @@ def test_rows_bound_switches_to_the_tiles(kw: dict, monkeypatch: pytest.MonkeyPa
     assert ran == ["main_product", "decode_product"]
     text = VPTQCpuLinear.describe_runs(Problem(fast.scheme, torch.bfloat16), Target.fake_cpu(modules={}))
     assert f"up to M={vptq_cpu.MV_MAX_M}," in text
+
+
+def test_large_codebooks_switch_to_the_tiles_sooner() -> None:
+    """Codebooks past ``TABLE_BYTES`` (v16 k65536 with a residual k65536: 4 MiB) take the tiles above
+    ``MV_MAX_M_LARGE_TABLES`` rows; v8 k65536 (1 MiB) keeps ``MV_MAX_M``; ``explain`` says which."""
+    def params(v: int, res: int) -> vptq.VptqParams:
+        return vptq.VptqParams(vector_len=v, num_centroids=65536, group_num=1, group_size=4096,
+                               num_res_centroids=res, codebook_dtype=torch.float16)
+
+    assert vptq_cpu.mv_max_m(params(8, 0)) == vptq_cpu.MV_MAX_M
+    assert vptq_cpu.mv_max_m(params(16, 65536)) == vptq_cpu.MV_MAX_M_LARGE_TABLES < vptq_cpu.MV_MAX_M
+    assert 2 * 65536 * 16 * 2 > vptq_cpu.TABLE_BYTES >= 65536 * 8 * 2
+    _, _, fast, _, _ = build(MORE[2], torch.bfloat16)
+    p = replace(fast.scheme.layout_params, num_centroids=65536, num_res_centroids=65536, vector_len=16)
+    text = VPTQCpuLinear.describe_runs(Problem(replace(fast.scheme, layout_params=p), torch.bfloat16),
+                                       Target.fake_cpu(modules={}))
+    assert f"up to M={vptq_cpu.MV_MAX_M_LARGE_TABLES}," in text
 
 
 @pytest.mark.parametrize("residual", [16, 0])

@@ -2,15 +2,15 @@
 
 ``VPTQLinear`` decodes every weight in every forward, one rounding per operation in the codebook dtype as the
 producers do (408 ms for a 2-bit 4096x14336 layer at M=1 on one thread, 39x dense bf16: ``docs/performance.md``).
-Here, for up to ``MV_MAX_M`` rows, ``vq_mv`` (``native/src/qlinear_native/_vq.c``) walks the packed codes once and
-adds each code's codebook vector (and residual vector) times the activation into float32 sums held in registers:
-the weight is never formed. Above, ``vq_decode`` writes tiles of the weight in bfloat16 (transposed, reused) for
-one bfloat16 GEMM each. The per-column norm is folded into the activations (``x s``) and a sum (``x . b``),
-the permutation into one gather of x; outlier columns (a few percent of K) are decoded by torch and multiplied in
-beside it. ``vq_mv``'s arithmetic is float32 throughout, without the producers' roundings to the codebook dtype, so
-the result is nearer the exact product than theirs; the decode path rounds each weight once to bfloat16 and sums in
-float32 (``tests/test_vptq_cpu.py`` bounds both against float64). A forward that needs a gradient runs
-``VPTQLinear``'s exact tiles.
+Here, for up to ``MV_MAX_M`` rows (8 for codebooks past ``TABLE_BYTES``), ``vq_mv`` (the native extra's ``vq.c`` and
+``vq_wide.c``) walks the packed codes once and adds each code's codebook vector (and residual vector) times the
+activation into float32 sums held in registers: the weight is never formed. Above, ``vq_decode`` writes tiles of the
+weight in bfloat16 (transposed, reused) for one bfloat16 GEMM each. The per-column norm is folded into the
+activations (``x s``) and a sum (``x . b``), the permutation into one gather of x; outlier columns (a few percent of
+K) are decoded by torch and multiplied in beside it. ``vq_mv``'s arithmetic is float32 throughout, without the
+producers' roundings to the codebook dtype, so the result is nearer the exact product than theirs; the decode path
+rounds each weight once to bfloat16 and sums in float32 (``tests/test_vptq_cpu.py`` bounds both against float64). A
+forward that needs a gradient runs ``VPTQLinear``'s exact tiles.
 """
 
 from __future__ import annotations
@@ -35,11 +35,25 @@ INSTALL = "./native (qlinear's native extra, built for this CPU)"
 #: its sums in registers, 8 MiB tiles, the bfloat16 table), vq_mv / decode + GEMM ms: M = 8 14.1 / 31.7, M = 12
 #: 25.8 / 31.2, M = 16 27.0 / 30.7, M = 20 40.1 / 31.1, M = 24 42.2 / 30.7.
 MV_MAX_M = 16
+#: The bound for layers whose codebooks (main and residual, every group) exceed ``TABLE_BYTES``: each of vq_mv's
+#: passes then gathers from tables that miss this CPU's 2 MiB L2, while the tiles gather once. 4096x14336, one
+#: thread, vq_mv / decode + GEMM ms (``benchmarks/cpu_vptq_bound.py``, ``results/cpu_formats-vptq-wide-2026-12-07.md``):
+#: v16 k65536 + residual k65536 (4 MiB) M = 8 36.2 / 50.3, M = 12 60.4 / 52.1; v12 k65536 (1.5 MiB) M = 12 35.7 /
+#: 43.5, M = 16 43.1 / 42.5.
+MV_MAX_M_LARGE_TABLES = 8
+TABLE_BYTES = 2 << 20
 #: Decoded values per tile of ``decode_product`` (bfloat16: 8 MiB, freed with the call). Wider tiles mean fewer,
 #: wider GEMMs; one thread, ms for 2^20 / 2^21 / 2^22 / 2^23 values (``results/cpu_formats-vptq-rows-2026-12-07.md``):
 #: 4096x14336 M = 64 42.4 / 38.8 / 38.0 / 36.7, M = 256 64.0 / 59.9 / 59.0 / 63.2; 14336x4096 M = 64 52.6 / 45.5 /
 #: 38.0 / 41.5, M = 256 90.7 / 78.1 / 62.4 / 73.0 (2^18: 54.5 / 87.1 and 75.4 / 159.9).
 TILE_ELEMENTS = 1 << 22
+
+
+def mv_max_m(p: vptq.VptqParams) -> int:
+    """Rows up to which a layer runs ``vq_mv`` (``MV_MAX_M``, or ``MV_MAX_M_LARGE_TABLES`` past ``TABLE_BYTES``)."""
+    entries = p.num_centroids + max(p.num_res_centroids, 0)
+    size = p.group_num * entries * p.vector_len * p.codebook_dtype.itemsize
+    return MV_MAX_M_LARGE_TABLES if size > TABLE_BYTES else MV_MAX_M
 
 
 def native() -> ModuleType:
@@ -120,7 +134,7 @@ def decode_product(xm: torch.Tensor, codes: Codes, n: int) -> torch.Tensor:
 
 class VPTQCpuLinear(VPTQLinear):
     """VPTQ on CPU: the packed codes walked once per call by the native extra, codebook vectors summed in float32
-    (up to ``MV_MAX_M`` rows; above, bfloat16 tiles decoded by it and one GEMM each)."""
+    (up to ``mv_max_m`` rows; above, bfloat16 tiles decoded by it and one GEMM each)."""
 
     backend = BACKEND.VPTQ_CPU
     caps = Caps(
@@ -154,7 +168,8 @@ class VPTQCpuLinear(VPTQLinear):
     def describe_runs(cls, problem: Problem, target: Target) -> str:
         s = problem.scheme
         what = vptq.describe(s) if isinstance(s.layout_params, vptq.VptqParams) else "VPTQ"
-        return (f"{what}: up to M={MV_MAX_M}, the packed codes walked once per call by the native extra (vq_mv: "
+        bound = mv_max_m(s.layout_params) if isinstance(s.layout_params, vptq.VptqParams) else MV_MAX_M
+        return (f"{what}: up to M={bound}, the packed codes walked once per call by the native extra (vq_mv: "
                 "codebook vectors times x summed in float32, the norm folded into x, outlier columns by torch); "
                 "above, bfloat16 weight tiles decoded by it (vq_decode), one GEMM each")
 
@@ -176,7 +191,7 @@ class VPTQCpuLinear(VPTQLinear):
         if self._rt_scale is not None:  # norm per input column: sum_k x (w s + b) = sum_k (x s) w + x . b
             extra = xm @ self._rt_bias[os_:].float()
             xm = xm * self._rt_scale[os_:].float()
-        product = main_product if x2.shape[0] <= MV_MAX_M else decode_product
+        product = main_product if x2.shape[0] <= mv_max_m(p) else decode_product
         y = product(xm, Codes.of(t["indices"], t["centroids.weight"], t.get("res_centroids.weight"), p), n)
         if extra is not None:
             y += extra[:, None]
