@@ -17,8 +17,10 @@ setup(ext_modules=[Extension("qlinear_native._decode", [SRC + "_decode.c"], extr
                              depends=[SRC + "float8.h", COMMON], **KERNEL),
                    Extension("qlinear_native._lut4", [SRC + f for f in ("_lut4.c", "lut4_mv.c", "lut4_mm.c")],
                              depends=[SRC + "lut4.h", COMMON], **KERNEL),
+                   # loops at 32-byte boundaries: vq_mv's one-row loop ran 20 % slower when placed across one
+                   # (identical instructions; results/cpu_formats-vptq-wide-2026-12-07.md)
                    Extension("qlinear_native._vq", [SRC + f for f in ("_vq.c", "vq.c", "vq_wide.c")],
                              depends=[SRC + "vq.h", SRC + "vq_common.h", COMMON],
-                             **KERNEL),
+                             extra_compile_args=FLAGS + OPENMP + ["-falign-loops=32"], extra_link_args=OPENMP),
                    Extension("qlinear_native._exl3", [SRC + "_exl3.c", SRC + "exl3.c"],
                              depends=[SRC + "exl3.h", COMMON], **KERNEL)])
