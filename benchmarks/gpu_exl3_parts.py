@@ -94,14 +94,17 @@ def sweep(args: argparse.Namespace) -> None:
         say("| bits | tiles_n | prefetch | warps | max registers | K split | us | / bf16 | rel diff vs block kernel |")
         say("|---|---|---|---|---|---|---|---|---|")
         xh = hadamard.input_transform(x, su)
-        for bits in args.bits:
+        for bits, cb in itertools.product(args.bits, args.codebooks):
             trs = [torch.randint(-(1 << 15), 1 << 15, (k // 16, n // 16, 16 * bits), device=DEV, dtype=torch.int16,
                                  generator=gen) for _ in range(copies(k * n * bits // 8))]
-            want = exl3_mv.fused_product(xh, trs[0], bits, "3inst", sms).double()
-            tblock = timed([lambda v, t=t, b=bits: exl3_mv.fused_product(v, t, b, "3inst", sms) for t in trs], xh,
+            want = exl3_mv.fused_product(xh, trs[0], bits, cb, sms).double()
+            tblock = timed([lambda v, t=t, b=bits, cb=cb: exl3_mv.fused_product(v, t, b, cb, sms) for t in trs], xh,
                            args.reps)
-            say(f"| {bits} | block kernel (tl.dot) | - | 4 | - | - | {tblock:.1f} | {tblock / tb:.2f} | - |")
-            if args.maxnreg:
+            label = f"{bits} {cb}"
+            say(f"| {label} | block kernel (tl.dot) | - | 4 | - | - | {tblock:.1f} | {tblock / tb:.2f} | - |")
+            if args.rule:
+                variants = [(None, exl3_gemv.PREFETCH, None, None, None)]
+            elif args.maxnreg:
                 variants = [(None, exl3_gemv.PREFETCH, None, r, None) for r in args.maxnreg]
             elif args.splits:
                 variants = [(tn, exl3_gemv.PREFETCH, w, None, f)
@@ -115,13 +118,13 @@ def sweep(args: argparse.Namespace) -> None:
                     split = min(kt, exl3_gemv.k_split(nt // (tiles_n or exl3_gemv.launch_shape(bits)[0]), kt, sms)
                                 * factor)
 
-                def gemv(v, t, b=bits, tiles_n=tiles_n, pre=pre, warps=warps, regs=regs, split=split):
-                    return exl3_gemv.gemv_product(v, t, b, "3inst", sms, tiles_n=tiles_n, warps=warps, prefetch=pre,
+                def gemv(v, t, b=bits, cb=cb, tiles_n=tiles_n, pre=pre, warps=warps, regs=regs, split=split):
+                    return exl3_gemv.gemv_product(v, t, b, cb, sms, tiles_n=tiles_n, warps=warps, prefetch=pre,
                                                   maxnreg=regs or None, split=split)
                 got = gemv(xh, trs[0]).double()
                 rel = float((got - want).norm() / want.norm())
                 tv = timed([lambda v, t=t, f=gemv: f(v, t) for t in trs], xh, args.reps)
-                say(f"| {bits} | {tiles_n or 'rule'} | {pre} | {warps or 'rule'} | {regs or 'compiler'} | "
+                say(f"| {label} | {tiles_n or 'rule'} | {pre} | {warps or 'rule'} | {regs or 'compiler'} | "
                     f"{split or 'rule'} | {tv:.1f} | {tv / tb:.2f} | {rel:.1e} |")
             del trs
         say()
@@ -132,6 +135,8 @@ def sweep(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> str:
     p = parser(__doc__, SHAPES, (1,), reps=30)
     p.add_argument("--bits", default="2,4")
+    p.add_argument("--codebooks", default="3inst", help="comma-separated: 3inst, mcg, mul1")
+    p.add_argument("--rule", action="store_true", help="GEMV at the launch rule only")
     p.add_argument("--no-gemv", action="store_true", help="time the transforms only")
     p.add_argument("--no-transforms", action="store_true", help="time the GEMV only")
     p.add_argument("--maxnreg", default="", help="GEMV at the launch rule with these register caps (0: none) "
@@ -142,6 +147,7 @@ def main(argv: list[str] | None = None) -> str:
     args = parse_args(p, argv, "bits")
     args.maxnreg = [int(v) for v in args.maxnreg.split(",") if v]
     args.splits = [int(v) for v in args.splits.split(",") if v]
+    args.codebooks = args.codebooks.split(",")
 
     def body() -> None:
         if not args.no_transforms:

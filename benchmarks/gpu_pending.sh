@@ -37,8 +37,9 @@ run gemv_tc8_rows 90 python benchmarks/gemv_tc8_rows.py --shapes 4096x14336,8192
 # gemv_tc at M=1 on the 4-bit g32 forms with offsets (GGUF Q4_K, MLX g32): on the H100, Q4_K took 32.0 us on
 # 14336x4096 against 21.3 on 4096x14336 (results/h100-gguf_crossover-2026-12-06.md) and MLX g32 35.0 against 21.4,
 # where 4-bit g128 takes about 17; the g32 configs come from the heuristic, not from a sweep (added 2026-12-07, not
-# yet run: the session's device time ran out)
-run gemv_tc_affine 200 python benchmarks/gemv_tc_sweep.py --no-check --bits "" --affine 14336x4096,4096x14336 \
+# yet run: the session's device time ran out; an H100 run on 2026-12-07 got four rows in 200 s:
+# results/h100-gemv_tc_affine-2026-12-07-partial.md)
+run gemv_tc_affine 400 python benchmarks/gemv_tc_sweep.py --no-check --bits "" --affine 14336x4096,4096x14336 \
     --forms kquant,bf16g32
 # MLX on the GPTQ Triton kernels (MlxTritonLinear): checks per variant, gemm5 over groups of 64/128 with offsets
 # (its one-group step dropped them before 2026-12-07) and on 8-bit words with offsets (5/6/8-bit MLX), and timings
@@ -70,10 +71,10 @@ run gguf_q8 120 python benchmarks/gguf_crossover.py --qtypes Q8_0 --ms 8,16,32,6
 #     pip download --no-deps exllamav3==1.6.5 -d /tmp/w && unzip -q -o /tmp/w/exllamav3-1.6.5-py3-none-any.whl \
 #         'exllamav3/exllamav3_ext/*' -d /tmp/w && mkdir -p .peers && cp -r /tmp/w/exllamav3/exllamav3_ext .peers/
 #     git clone -q https://github.com/microsoft/VPTQ /tmp/VPTQ && mkdir -p .peers/vptq && cp -r /tmp/VPTQ/csrc .peers/vptq/
-# (written 2026-12-07; no device machine could be started that session, so never run yet)
+# (first run on an H100 on 2026-12-07, later session: results/h100-gpu_producer_kernels-2026-12-07.md; the H200's own)
 [ -d .peers/exllamav3_ext ] && [ -d .peers/vptq/csrc ] && run producer_kernels 300 python \
     benchmarks/gpu_producer_kernels.py --exl3-src .peers/exllamav3_ext --vptq-src .peers/vptq/csrc --ms 1,4 --reps 20
-# the EXL3 GEMV over smaller launches and larger K splits: whether more resident warps hide its latency (ncu: 20 %
-# achieved occupancy, issue slots 47 % busy, DRAM 11 %)
+# the EXL3 GEMV over smaller launches and larger K splits (ran on an H100 on 2026-12-07 and set exl3_gemv.LAUNCH /
+# PROGRAMS_PER_SM: results/h100-gpu-exl3-splits-2026-12-07.md); the H200's own
 run exl3_splits 150 python benchmarks/gpu_exl3_parts.py --no-transforms --shapes 4096x14336 --bits 2,4 --splits 1,4
 exit $status

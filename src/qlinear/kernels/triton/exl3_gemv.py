@@ -139,14 +139,17 @@ def two_words(bits: int) -> bool:
     return all(((8 * lane + 1) * bits - 16) % (256 * bits) % 32 + 7 * bits + 16 <= 64 for lane in range(32))
 
 
-#: Launch shape by trellis width, measured on an H100 (``benchmarks/gpu_exl3_parts.py``,
-#: ``results/h100-gpu-exl3-parts-2026-12-05.md``; M = 1, 4096x14336 / 14336x4096, us): widths up to 3 take 16 n tiles
-#: per program with 4 warps (2-bit 40.0 / 35.9; at 32 tiles 59.0 / 58.5), wider ones 8 tiles with 8 warps (4-bit
-#: 41.5 / 35.2; at 32 tiles 82.7 / 75.0); both with the next k tile's words loaded while this one decodes (2-bit at 16
-#: tiles without: 41.3 / 37.0; 4-bit at 8 tiles, 8 warps, without: 44.1 / 39.4). The block decode + ``tl.dot`` kernel
-#: took 94-96 / 83 us. The sm_90 SASS (``benchmarks/exl3_sass.py --gemv``) counts about 9 instructions per weight;
-#: the kernel is bound by memory latency, not by issue.
-LAUNCH = {"narrow": (16, 4), "wide": (8, 8)}  # (n tiles per program, warps)
+#: Launch shape by trellis width, measured on an H100 at M = 1 (``benchmarks/gpu_exl3_parts.py --splits 1,2``,
+#: ``results/h100-gpu-exl3-splits-2026-12-07.md``, us, 4096x14336 / 14336x4096): 8 n tiles per program with 2 warps
+#: and the K split of ``PROGRAMS_PER_SM`` for every width (2-bit 32.8 / 33.1, 4-bit 30.7 / 29.6; 4 warps 33.3 /
+#: 33.4 and 32.0 / 31.4; 16 tiles 36-56). The launch before (16 tiles x 4 warps for up to 3 bits, 8 x 8 wider, two
+#: programs per SM) took 41.1 and 39.3 on 4096x14336: the GEMV is bound by latency (ncu: 20 % achieved occupancy,
+#: issue slots 47 % busy, DRAM 11 %), so more, smaller programs hide more of it. exllamav3's own GEMV took 34.2 (2-bit
+#: mcg) and 32.9 (4-bit) on 4096x14336 in the same session (``results/h100-gpu_producer_kernels-2026-12-07.md``).
+#: The sm_90 SASS (``benchmarks/exl3_sass.py --gemv``) counts about 9 instructions per weight.
+LAUNCH = {"narrow": (8, 2), "wide": (8, 2)}  # (n tiles per program, warps)
+#: Programs per SM the K split aims for (``k_split``): 16, the best of 2 / 8 / 16 / 32 in that sweep.
+PROGRAMS_PER_SM = 16
 #: Load the next k tile's words while decoding this one.
 PREFETCH = True
 #: Fewest k tiles a program sums before the launcher stops splitting K further.
@@ -168,10 +171,11 @@ def rows_per_program(m: int) -> int:
 
 
 def k_split(programs: int, kt: int, sms: int) -> int:
-    """K slices per program column: doubled until the grid has two programs per SM, while each slice keeps at
-    least ``MIN_K_TILES`` of the ``kt`` k tiles."""
+    """K slices per program column: doubled until the grid has ``PROGRAMS_PER_SM`` programs per SM, while each slice
+    keeps at least ``MIN_K_TILES`` of the ``kt`` k tiles."""
     split = 1
-    while programs * split < 2 * sms and kt % (2 * split) == 0 and kt // (2 * split) >= MIN_K_TILES:
+    while (programs * split < PROGRAMS_PER_SM * sms and kt % (2 * split) == 0
+           and kt // (2 * split) >= MIN_K_TILES):
         split *= 2
     return split
 
