@@ -42,13 +42,6 @@ VQ_INLINE void vector8(const vq_call *c, int64_t j, const int dt, const int M) {
 }
 
 #if defined(__AVX512F__)
-/* 16 16-bit codebook values as float32 (widen8 on a 512-bit register). */
-static inline __m512 widen16(__m256i h, const int dt) {
-    if (dt == VQ_F16)
-        return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 /* The entries of two codes side by side in one register (vector j's values, then vector j + 1's). */
 static inline __m512 entry8x2(const vq_call *c, int64_t g, uint32_t a, uint32_t b, const int dt) {
     const uint32_t mask = (1u << c->cbits) - 1u;

@@ -94,6 +94,15 @@ static inline __m256 widen8(__m128i h, int dt) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+#if defined(__AVX512F__)
+/* 16 16-bit codebook values as float32 (widen8 on a 512-bit register). */
+static inline __m512 widen16(__m256i h, const int dt) {
+    if (dt == VQ_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
 /* entry() for V == 8 and 16-bit codebooks of dtype dt (a constant where inlined): one conversion per table. */
 static inline __m256 entry8(const vq_call *c, int64_t g, uint32_t code, const int dt) {
     const uint16_t *cb = (const uint16_t *)c->cb + ((g << c->cbits) + (code & ((1u << c->cbits) - 1u))) * 8;

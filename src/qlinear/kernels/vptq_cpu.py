@@ -2,7 +2,7 @@
 
 ``VPTQLinear`` decodes every weight in every forward, one rounding per operation in the codebook dtype as the
 producers do (408 ms for a 2-bit 4096x14336 layer at M=1 on one thread, 39x dense bf16: ``docs/performance.md``).
-Here, for up to ``MV_MAX_M`` rows (8 for codebooks past ``TABLE_BYTES``), ``vq_mv`` (the native extra's ``vq.c`` and
+Here, for up to ``MV_MAX_M`` rows (16 for codebooks past ``TABLE_BYTES``), ``vq_mv`` (the native extra's ``vq.c`` and
 ``vq_wide.c``) walks the packed codes once and adds each code's codebook vector (and residual vector) times the
 activation into float32 sums held in registers: the weight is never formed. Above, ``vq_decode`` writes tiles of the
 weight in bfloat16 (transposed, reused) for one bfloat16 GEMM each. The per-column norm is folded into the
@@ -31,16 +31,15 @@ from .vptq import VPTQLinear
 NATIVE = "qlinear_native._vq"
 INSTALL = "./native (qlinear's native extra, built for this CPU)"
 #: Rows up to which ``vq_mv`` runs (8 rows a pass over the codes); above, ``decode_product``. Measured one thread,
-#: 2-bit v8 k65536 4096x14336 (``results/cpu_formats-vptq-rows-2026-12-07.md``, the session's last tree: vq_mv with
-#: its sums in registers, 8 MiB tiles, the bfloat16 table), vq_mv / decode + GEMM ms: M = 8 14.1 / 31.7, M = 12
-#: 25.8 / 31.2, M = 16 27.0 / 30.7, M = 20 40.1 / 31.1, M = 24 42.2 / 30.7.
-MV_MAX_M = 16
+#: 4096x14336, vq_mv / decode + GEMM ms (``benchmarks/cpu_vptq_bound.py``,
+#: ``results/cpu_formats-vptq-wide-2026-12-07.md``; the AVX-512 kernels that take two V = 8 vectors or one V = 9..16
+#: entry per register): v8 k65536 M = 24 36.0 / 38.7, M = 32 50.8 / 41.3; v12 k65536 M = 24 38.4 / 52.8, M = 32 51.0
+#: / 53.2.
+MV_MAX_M = 24
 #: The bound for layers whose codebooks (main and residual, every group) exceed ``TABLE_BYTES``: each of vq_mv's
-#: passes then gathers from tables that miss this CPU's 2 MiB L2, while the tiles gather once. 4096x14336, one
-#: thread, vq_mv / decode + GEMM ms (``benchmarks/cpu_vptq_bound.py``, ``results/cpu_formats-vptq-wide-2026-12-07.md``):
-#: v16 k65536 + residual k65536 (4 MiB) M = 8 36.2 / 50.3, M = 12 60.4 / 52.1; v12 k65536 (1.5 MiB) M = 12 35.7 /
-#: 43.5, M = 16 43.1 / 42.5.
-MV_MAX_M_LARGE_TABLES = 8
+#: passes then gathers from tables that miss this CPU's 2 MiB L2, while the tiles gather once. Same run: v16 k65536 +
+#: residual k65536 (4 MiB) M = 16 56.3 / 61.0, M = 24 92.4 / 61.2.
+MV_MAX_M_LARGE_TABLES = 16
 TABLE_BYTES = 2 << 20
 #: Decoded values per tile of ``decode_product`` (bfloat16: 8 MiB, freed with the call). Wider tiles mean fewer,
 #: wider GEMMs; one thread, ms for 2^20 / 2^21 / 2^22 / 2^23 values (``results/cpu_formats-vptq-rows-2026-12-07.md``):
