@@ -86,12 +86,12 @@ def sweep(args: argparse.Namespace) -> None:
     gen = torch.Generator(device=DEV).manual_seed(0)
     for k, n in args.shapes:
         wb = bf16_baseline(k, n, gen)
-        x = torch.randn(1, k, device=DEV, dtype=torch.bfloat16, generator=gen)
+        x = torch.randn(args.m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
         tb = timed(wb, x, args.reps)
         su = torch.randn(k, device=DEV, generator=gen)
-        say(f"## {k}x{n} M = 1 GEMV: bf16 F.linear {tb:.1f} us")
+        say(f"## {k}x{n} M = {args.m} GEMV: bf16 F.linear {tb:.1f} us")
         say()
-        say("| bits | tiles_n | prefetch | warps | max registers | K split | us | / bf16 | rel diff vs block kernel |")
+        say("| bits | tiles_n | prefetch | warps | rows a program | K split | us | / bf16 | rel diff vs block kernel |")
         say("|---|---|---|---|---|---|---|---|---|")
         xh = hadamard.input_transform(x, su)
         for bits, cb in itertools.product(args.bits, args.codebooks):
@@ -103,28 +103,30 @@ def sweep(args: argparse.Namespace) -> None:
             label = f"{bits} {cb}"
             say(f"| {label} | block kernel (tl.dot) | - | 4 | - | - | {tblock:.1f} | {tblock / tb:.2f} | - |")
             if args.rule:
-                variants = [(None, exl3_gemv.PREFETCH, None, None, None)]
+                variants = [(None, exl3_gemv.PREFETCH, None, None, None, None)]
             elif args.maxnreg:
-                variants = [(None, exl3_gemv.PREFETCH, None, r, None) for r in args.maxnreg]
+                variants = [(None, exl3_gemv.PREFETCH, None, r, None, None) for r in args.maxnreg]
             elif args.splits:
-                variants = [(tn, exl3_gemv.PREFETCH, w, None, f)
-                            for tn, w, f in itertools.product(SPLIT_TILES, SPLIT_WARPS, args.splits)]
+                variants = [(tn, exl3_gemv.PREFETCH, w, None, f, r) for tn, w, f, r in
+                            itertools.product(SPLIT_TILES, SPLIT_WARPS, args.splits, args.row_blocks)]
             else:
-                variants = [(*v, None, None) for v in VARIANTS]
-            for tiles_n, pre, warps, regs, factor in variants:
+                variants = [(*v, None, None, None) for v in VARIANTS]
+            for tiles_n, pre, warps, regs, factor, rows in variants:
                 split = None
                 if factor:  # the rule's split for this launch, times factor (capped at one k tile a slice)
                     kt, nt = k // 16, n // 16
                     split = min(kt, exl3_gemv.k_split(nt // (tiles_n or exl3_gemv.launch_shape(bits)[0]), kt, sms)
                                 * factor)
 
-                def gemv(v, t, b=bits, cb=cb, tiles_n=tiles_n, pre=pre, warps=warps, regs=regs, split=split):
+                def gemv(v, t, b=bits, cb=cb, tiles_n=tiles_n, pre=pre, warps=warps, regs=regs, split=split,
+                         rows=rows):
                     return exl3_gemv.gemv_product(v, t, b, cb, sms, tiles_n=tiles_n, warps=warps, prefetch=pre,
-                                                  maxnreg=regs or None, split=split)
+                                                  maxnreg=regs or None, split=split, rows=rows)
                 got = gemv(xh, trs[0]).double()
                 rel = float((got - want).norm() / want.norm())
                 tv = timed([lambda v, t=t, f=gemv: f(v, t) for t in trs], xh, args.reps)
-                say(f"| {label} | {tiles_n or 'rule'} | {pre} | {warps or 'rule'} | {regs or 'compiler'} | "
+                regs_note = f" (regs {regs})" if regs else ""
+                say(f"| {label} | {tiles_n or 'rule'} | {pre} | {warps or 'rule'} | {rows or 'rule'}{regs_note} | "
                     f"{split or 'rule'} | {tv:.1f} | {tv / tb:.2f} | {rel:.1e} |")
             del trs
         say()
@@ -137,6 +139,9 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--bits", default="2,4")
     p.add_argument("--codebooks", default="3inst", help="comma-separated: 3inst, mcg, mul1")
     p.add_argument("--rule", action="store_true", help="GEMV at the launch rule only")
+    p.add_argument("--m", type=int, default=1, help="rows of x for the GEMV sweep")
+    p.add_argument("--row-blocks", default="", help="with --splits: rows a program takes (1, 2, 4, 8; default the "
+                                                    "rule's)")
     p.add_argument("--no-gemv", action="store_true", help="time the transforms only")
     p.add_argument("--no-transforms", action="store_true", help="time the GEMV only")
     p.add_argument("--maxnreg", default="", help="GEMV at the launch rule with these register caps (0: none) "
@@ -148,6 +153,7 @@ def main(argv: list[str] | None = None) -> str:
     args.maxnreg = [int(v) for v in args.maxnreg.split(",") if v]
     args.splits = [int(v) for v in args.splits.split(",") if v]
     args.codebooks = args.codebooks.split(",")
+    args.row_blocks = [int(v) for v in args.row_blocks.split(",") if v] or [None]
 
     def body() -> None:
         if not args.no_transforms:
