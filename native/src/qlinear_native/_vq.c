@@ -78,10 +78,10 @@ static PyObject *vq_mv(PyObject *self, PyObject *args) {
                           &ldy, &v, &cbits, &rbits, &dtype, &threads) ||
         !common("vq_mv", &c, idx, cb, rcb, g, j, w, gs, kmain, v, cbits, rbits, dtype, threads))
         return NULL;
-    if (!x || !y || m < 1 || m > VQ_MAX_M || ldx < kmain || ldy < j * v) {
+    if (!x || !y || m < 1 || m > vq_max_rows(&c) || ldx < kmain || ldy < j * v) {
         PyErr_Format(PyExc_ValueError, "vq_mv: expected non-null x and y, 1 <= M <= %d, ldx >= Kmain, ldy >= J * V; "
                      "got x=%llu y=%llu M=%lld ldx=%lld Kmain=%lld ldy=%lld J=%lld V=%d",
-                     VQ_MAX_M, x, y, m, ldx, kmain, ldy, j, v);
+                     vq_max_rows(&c), x, y, m, ldx, kmain, ldy, j, v);
         return NULL;
     }
     c.x = (const float *)(uintptr_t)x;
@@ -105,9 +105,15 @@ static PyObject *vq_mv(PyObject *self, PyObject *args) {
 }
 
 static PyObject *max_m(PyObject *self, PyObject *args) {
+    int v;
+    const char *dtype;
+    vq_call c;
     (void)self;
-    (void)args;
-    return PyLong_FromLong(VQ_MAX_M);
+    if (!PyArg_ParseTuple(args, "is", &v, &dtype))
+        return NULL;
+    c.v = v;
+    c.dt = !strcmp(dtype, "float16") ? VQ_F16 : !strcmp(dtype, "bfloat16") ? VQ_BF16 : VQ_F32;
+    return PyLong_FromLong(vq_max_rows(&c));
 }
 
 static PyMethodDef METHODS[] = {
@@ -117,7 +123,7 @@ static PyMethodDef METHODS[] = {
     {"vq_decode", vq_decode, METH_VARARGS,
      "vq_decode(indices, codebook, residual, out, G, J, W, gs, Kmain, j0, j1, ldo, V, cbits, rbits, dtype, threads): "
      "vectors j0..j1-1 of the main weight into out [Kmain, ldo] (bfloat16, transposed); pointers as integers"},
-    {"max_m", max_m, METH_NOARGS, "the most activation rows one vq_mv call takes"},
+    {"max_m", max_m, METH_VARARGS, "max_m(V, dtype): the most activation rows one vq_mv call takes for that vector length and codebook dtype"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_vq", NULL, -1, METHODS, NULL, NULL, NULL, NULL};

@@ -23,7 +23,7 @@
  * store around every FMA), and x comes column-major (c->xt [Kmain][M]: vq_columns), so a code's M broadcasts read
  * one short run at constant offsets from one pointer. */
 VQ_INLINE void vector8(const vq_call *c, int64_t j, const int dt, const int M) {
-    __m256 acc[VQ_MAX_M];
+    __m256 acc[VQ_MAX_M_PAIRS];
     for (int m = 0; m < M; m++)
         acc[m] = _mm256_setzero_ps();
     for (int64_t g = 0; g < c->g; g++) {
@@ -65,7 +65,7 @@ VQ_INLINE void vector8x2(const vq_call *c, int64_t j, const int dt, const int M)
         vector8(c, j, dt, M);
         return;
     }
-    __m512 acc[VQ_MAX_M];
+    __m512 acc[VQ_MAX_M_PAIRS];
     for (int m = 0; m < M; m++)
         acc[m] = _mm512_setzero_ps();
     for (int64_t g = 0; g < c->g; g++) {
@@ -138,16 +138,31 @@ VQ_ROWS(5)
 VQ_ROWS(6)
 VQ_ROWS(7)
 VQ_ROWS(8)
+#if VQ_PAIRS == 2 /* 9..16 rows: two vectors' 16 sums in 16 of the 32 zmm registers */
+VQ_ROWS(9)
+VQ_ROWS(10)
+VQ_ROWS(11)
+VQ_ROWS(12)
+VQ_ROWS(13)
+VQ_ROWS(14)
+VQ_ROWS(15)
+VQ_ROWS(16)
+#define VQ_ROWS_PAIRS(d) , vector8_##d##_9, vector8_##d##_10, vector8_##d##_11, vector8_##d##_12, vector8_##d##_13, \
+                         vector8_##d##_14, vector8_##d##_15, vector8_##d##_16
+#else
+#define VQ_ROWS_PAIRS(d)
+#endif
 #undef VQ_ROWS
 static void vector8_few_f16(const vq_call *c, int64_t j) { vector8_few(c, j, VQ_F16); }
 static void vector8_few_bf16(const vq_call *c, int64_t j) { vector8_few(c, j, VQ_BF16); }
 
-/* [dtype is bfloat16][rows]: the kernel for 1..VQ_MAX_M rows */
-static const vq_vector_fn VECTOR8[2][VQ_MAX_M + 1] = {
+/* [dtype is bfloat16][rows]: the kernel for 1..vq_max_rows rows */
+static const vq_vector_fn VECTOR8[2][VQ_MAX_M_PAIRS + 1] = {
     {NULL, vector8_few_f16, vector8_few_f16, vector8_f16_3, vector8_f16_4, vector8_f16_5, vector8_f16_6,
-     vector8_f16_7, vector8_f16_8},
+     vector8_f16_7, vector8_f16_8 VQ_ROWS_PAIRS(f16)},
     {NULL, vector8_few_bf16, vector8_few_bf16, vector8_bf16_3, vector8_bf16_4, vector8_bf16_5, vector8_bf16_6,
-     vector8_bf16_7, vector8_bf16_8}};
+     vector8_bf16_7, vector8_bf16_8 VQ_ROWS_PAIRS(bf16)}};
+#undef VQ_ROWS_PAIRS
 
 static void decode8_any(const vq_call *c, int64_t jb, int64_t nb, uint16_t *col, int64_t ldo) {
     if (c->dt == VQ_F16)
@@ -176,6 +191,14 @@ static void vector_any(const vq_call *c, int64_t j) {
     }
     for (int64_t m = 0; m < c->m; m++)
         memcpy(c->y + m * c->ldy + j * c->v, acc[m], (size_t)c->v * 4);
+}
+
+int vq_max_rows(const vq_call *c) {
+#if VQ_AVX2
+    if (VQ_PAIRS == 2 && c->v == 8 && c->dt != VQ_F32)
+        return VQ_MAX_M_PAIRS;
+#endif
+    return VQ_MAX_M;
 }
 
 int vq_columns(const vq_call *c) {

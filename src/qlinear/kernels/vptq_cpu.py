@@ -97,13 +97,14 @@ class Codes:
 
 def main_product(xm: torch.Tensor, codes: Codes, n: int) -> torch.Tensor:
     """``xm [M, Kmain]`` float32 (decoded-column order, outliers removed, norm scale folded in) times the main
-    weight: float32 ``[M, N]``, ``vq_mv`` once per 8 rows."""
+    weight: float32 ``[M, N]``, ``vq_mv`` once per 8 rows (16 for V = 8 where AVX-512 holds two vectors a
+    register: ``max_m``)."""
     mod = native()
     m, kmain = xm.shape
     j, v = codes.sizes[1], codes.v
     y = torch.empty(m, j * v, dtype=torch.float32)
     xm = xm.contiguous()
-    step = mod.max_m()
+    step = mod.max_m(v, codes.dtype)
     for m0 in range(0, m, step):
         mod.vq_mv(*codes.pointers, xm[m0:].data_ptr(), y[m0:].data_ptr(), min(step, m - m0), *codes.sizes, kmain,
                   kmain, j * v, v, *codes.bits, codes.dtype, torch.get_num_threads())
