@@ -118,6 +118,16 @@ def test_bad_input_is_named() -> None:
         codes = vptq_cpu.Codes.of(torch.zeros(3, 5, 2, dtype=torch.int32), torch.zeros(3, 64 * 8).half(),
                                   torch.zeros(3, 16 * 8).half(), p)
         vptq_cpu.main_product(torch.randn(2, meta["K"]), codes, meta["N"])
+    # more rows than one call takes (8, or 16 for V = 8 with AVX-512): the bound named
+    mod = vptq_cpu.native()
+    rows = mod.max_m(8, "float16")
+    assert rows in (8, 16) and mod.max_m(12, "float16") == 8 and mod.max_m(8, "float32") == 8
+    codes = vptq_cpu.Codes.of(torch.zeros(3, 5, 10, dtype=torch.int32), torch.zeros(3, 64 * 8).half(),
+                              torch.zeros(3, 16 * 8).half(), p)
+    x, y = torch.zeros(rows + 1, meta["K"]), torch.zeros(rows + 1, 5 * 8)
+    with pytest.raises(ValueError, match=rf"1 <= M <= {rows}.*M={rows + 1}"):
+        mod.vq_mv(*codes.pointers, x.data_ptr(), y.data_ptr(), rows + 1, *codes.sizes, meta["K"], meta["K"], 5 * 8,
+                  8, *codes.bits, codes.dtype, 1)
 
 
 @pytest.mark.parametrize("kw", [MORE[0], MORE[2]])
