@@ -7,10 +7,8 @@
 
 #include "vq.h"
 
-/* The fields both calls share, checked, into *c; 0 with a Python error naming the call on failure. */
-static int common(const char *name, vq_call *c, unsigned long long idx, unsigned long long cb, unsigned long long rcb,
-                  long long g, long long j, long long w, long long gs, long long kmain, int v, int cbits, int rbits,
-                  const char *dtype, int threads) {
+/* A codebook dtype's name into c->dt; 0 with a Python error naming the call on failure. */
+static int parse_dtype(const char *name, const char *dtype, vq_call *c) {
     if (!strcmp(dtype, "float16"))
         c->dt = VQ_F16;
     else if (!strcmp(dtype, "bfloat16"))
@@ -22,6 +20,15 @@ static int common(const char *name, vq_call *c, unsigned long long idx, unsigned
                      name, dtype);
         return 0;
     }
+    return 1;
+}
+
+/* The fields both calls share, checked, into *c; 0 with a Python error naming the call on failure. */
+static int common(const char *name, vq_call *c, unsigned long long idx, unsigned long long cb, unsigned long long rcb,
+                  long long g, long long j, long long w, long long gs, long long kmain, int v, int cbits, int rbits,
+                  const char *dtype, int threads) {
+    if (!parse_dtype(name, dtype, c))
+        return 0;
     if (!idx || !cb || (rbits && !rcb)) {
         PyErr_Format(PyExc_ValueError, "%s: expected non-null indices and codebook (and residual codebook when "
                      "rbits > 0)", name);
@@ -109,10 +116,9 @@ static PyObject *max_m(PyObject *self, PyObject *args) {
     const char *dtype;
     vq_call c;
     (void)self;
-    if (!PyArg_ParseTuple(args, "is", &v, &dtype))
+    if (!PyArg_ParseTuple(args, "is", &v, &dtype) || !parse_dtype("max_m", dtype, &c))
         return NULL;
     c.v = v;
-    c.dt = !strcmp(dtype, "float16") ? VQ_F16 : !strcmp(dtype, "bfloat16") ? VQ_BF16 : VQ_F32;
     return PyLong_FromLong(vq_max_rows(&c));
 }
 
@@ -123,7 +129,8 @@ static PyMethodDef METHODS[] = {
     {"vq_decode", vq_decode, METH_VARARGS,
      "vq_decode(indices, codebook, residual, out, G, J, W, gs, Kmain, j0, j1, ldo, V, cbits, rbits, dtype, threads): "
      "vectors j0..j1-1 of the main weight into out [Kmain, ldo] (bfloat16, transposed); pointers as integers"},
-    {"max_m", max_m, METH_VARARGS, "max_m(V, dtype): the most activation rows one vq_mv call takes for that vector length and codebook dtype"},
+    {"max_m", max_m, METH_VARARGS,
+     "max_m(V, dtype): the most activation rows one vq_mv call takes for that vector length and codebook dtype"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_vq", NULL, -1, METHODS, NULL, NULL, NULL, NULL};

@@ -22,7 +22,7 @@ typedef struct {
     int v, cbits, rbits, dt, threads;
 } vq_call;
 
-/* Whether vq_run reads x column-major (c->xt) for this call: the V == 8 kernels for 3 rows and more */
+/* Whether vq_run reads x column-major (c->xt) for this call: the AVX2 kernels for 3 rows and more */
 int vq_columns(const vq_call *c);
 /* The most rows one vq_run call takes for this vector length and codebook dtype (c->v, c->dt) */
 int vq_max_rows(const vq_call *c);

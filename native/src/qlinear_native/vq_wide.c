@@ -1,6 +1,7 @@
 /* VPTQ kernels for vector lengths other than 8 (VPTQ's v6, v12, v16 checkpoints) and float32 codebooks: an entry
- * as NC = ceil(V / 8) registers of 8 float32, the last one loaded and stored with a mask. Layout and arithmetic as
- * in vq.c (the same float32 sums; vq_decode's one rounding to bfloat16).
+ * as NC = ceil(V / 8) registers of 8 float32, plain loads (lanes past V dropped by masked stores; a table's last
+ * entry through a register permute). Layout and arithmetic as in vq.c (the same float32 sums; vq_decode's one
+ * rounding to bfloat16).
  *
  * Each kernel has its codebook dtype, NC and row count M as constants (one function per combination, chosen once
  * per call), so the M x NC sums stay in registers; with M read at run time they lived on the stack, a load and a
