@@ -41,6 +41,9 @@ run gemv_tc8_rows 90 python benchmarks/gemv_tc8_rows.py --shapes 4096x14336,8192
 # results/h100-gemv_tc_affine-2026-12-07-partial.md)
 run gemv_tc_affine 400 python benchmarks/gemv_tc_sweep.py --no-check --bits "" --affine 14336x4096,4096x14336 \
     --forms kquant,bf16g32
+# the one table key those forms share with GPTQ g32 (m=1, 14336x4096: no offsets field): the offset sweep's best
+# configs on all four forms, GPTQ sym/asym g32, Q4_K, MLX g32 (added 2026-12-07, third session)
+run gemv_tc_g32_key 330 python benchmarks/gemv_tc_g32_key.py
 # MLX on the GPTQ Triton kernels (MlxTritonLinear): checks per variant, gemm5 over groups of 64/128 with offsets
 # (its one-group step dropped them before 2026-12-07) and on 8-bit words with offsets (5/6/8-bit MLX), and timings
 # beside bf16 and MlxTorchLinear (ran on an H100 on 2026-12-07: results/h100-gpu_mlx-2026-12-07-gemm5.md)

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import qlinear
 from qlinear.build import create_layer
+from qlinear.parallel.launch import join_process_group
 from qlinear.parallel.layers import ColumnParallelLinear, RowParallelLinear
 
 BF16 = torch.bfloat16
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small", action="store_true", help="hidden 256, MLP 512 (smoke test)")
     args = p.parse_args(argv)
     kind = torch.device(args.device).type
-    dist.init_process_group("nccl" if kind == "cuda" else "gloo")
+    join_process_group("nccl" if kind == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if kind == "cuda" else "cpu")
     if kind == "cuda":

@@ -37,10 +37,10 @@ def _spawn(fn: object, world: int, *args: object) -> None:
 
 
 def _init(rank: int, world: int, rendezvous: str) -> None:
-    import torch.distributed as dist
+    from qlinear.parallel.launch import join_process_group
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    join_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
 
 
 def _layers_worker(rank: int, world: int, rendezvous: str, cases: tuple[str, ...]) -> None:
@@ -178,6 +178,42 @@ def _model_worker(rank: int, world: int, rendezvous: str, fixtures: tuple[str, .
                     reason="pip install 'qlinear[hf]' && pip install --no-deps -r requirements/nodeps-hf.txt")
 def test_from_pretrained_tp_reads_slices_and_matches_the_whole_model() -> None:
     _spawn(_model_worker, 2, ("gptq_4bit_g32", "gptq_4bit_g32_desc_act", "awq_gemm_4bit_g32", "ct_nvfp4a16"))
+
+
+def _teardown_worker(rank: int, world: int, rendezvous: str) -> None:
+    import os
+    import sys
+    import threading
+
+    import torch.distributed as dist
+
+    from qlinear.hf_model import from_pretrained  # transformers is imported, not yet torch.distributed.nn
+
+    def threads() -> int:  # native threads: not Python's own (tqdm starts a monitor while loading)
+        return len(os.listdir("/proc/self/task")) - threading.active_count()
+
+    import numpy  # noqa: F401  (its BLAS thread starts here, before we count)
+
+    assert "torch.distributed.nn" not in sys.modules
+    before = threads()
+    _init(rank, world, rendezvous)
+    refs = sys.getrefcount(dist.group.WORLD)
+    from_pretrained(FIXTURES / "gptq_4bit_g32")  # transformers imports torch.distributed.nn here
+    assert sys.getrefcount(dist.group.WORLD) == refs, "loading a model kept references to the default group"
+    y = torch.ones(3)
+    dist.all_reduce(y)
+    dist.barrier()
+    dist.destroy_process_group()
+    assert threads() == before, ("gloo threads left running after destroy_process_group", before, threads())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None or not Path("/proc/self/task").is_dir(),
+                    reason="needs transformers and Linux's /proc")
+def test_destroy_process_group_joins_gloo_threads_after_a_model_load() -> None:
+    """A process group joined through ``join_process_group`` is freed by ``destroy_process_group`` even after
+    transformers has imported ``torch.distributed.nn``: no gloo thread outlives it into interpreter exit, where one
+    finishing a collective aborted the process now and then (SIGABRT)."""
+    _spawn(_teardown_worker, 2)
 
 
 def _smollm_worker(rank: int, world: int, rendezvous: str, out: str) -> None:
