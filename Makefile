@@ -33,7 +33,7 @@ $(REF_STAMP): requirements/gptqmodel-crosscheck.txt
 
 test: $(STAMP) $(REF_STAMP)
 	$(BIN)/ruff check src tests benchmarks native
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not external"
