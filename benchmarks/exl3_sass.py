@@ -78,11 +78,11 @@ def main() -> None:
                     tiles //= 2
                 per_thread = 256 * tiles / (32 * warps)
                 consts = dict(BITS=bits, CB=cb, NTN=tiles, TWO_WORDS=exl3_gemv.two_words(bits), ATOMIC=True,
-                              PREFETCH=exl3_gemv.PREFETCH, MB=args.rows)
+                              PREFETCH=exl3_gemv.PREFETCH, MB=args.rows, ASM=True)
             else:
                 tiles, warps = bn // 16, args.warps or 4
                 per_thread = bk * bn / (32 * warps)
-                consts = dict(BITS=bits, CB=cb, BM=16, BK=bk, BN=bn, ATOMIC=True)
+                consts = dict(BITS=bits, CB=cb, BM=16, BK=bk, BN=bn, ATOMIC=True, ASM=True)
             sig = {a: "constexpr" if a in consts else ptrs.get(a, "i32") for a in kernel.arg_names}
             c = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                                options={"num_warps": warps})

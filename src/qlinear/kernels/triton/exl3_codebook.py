@@ -13,16 +13,27 @@ K_INV = tl.constexpr(0.00676727294921875)  # float16 0x1EEE
 K_BIAS = tl.constexpr(-10.3828125)  # float16 0xC931
 
 
+#: ``0x6400 +`` the sum of a word's four bytes in one instruction: dp4a against 0x01010101 (exllamav3's own byte
+#: sum for mul1). Takes mul1's decode from 12.8 to about 9.5 sm_90 instructions per weight, 3inst's count
+#: (``benchmarks/exl3_sass.py --gemv``).
+BYTE_SUM_ASM = tl.constexpr("{ .reg .b32 ones, base; mov.b32 ones, 0x01010101; mov.b32 base, 0x6400; "
+                             "dp4a.u32.u32 $0, $1, ones, base; }")
+
+
 @triton.jit
-def codebook_value(state, CB: tl.constexpr):
-    """float16 value of uint32 ``state`` (< 2**16); ``CB`` indexes ``layouts.exl3.CODEBOOKS``."""
+def codebook_value(state, CB: tl.constexpr, ASM: tl.constexpr):
+    """float16 value of uint32 ``state`` (< 2**16); ``CB`` indexes ``layouts.exl3.CODEBOOKS``. ``ASM``: PTX where it
+    saves instructions (CUDA only; the interpreter runs the plain-Triton lines, which compute the same bits)."""
     K_INV_H = tl.full((), K_INV, tl.float16)
     K_BIAS_H = tl.full((), K_BIAS, tl.float16)
     if CB == 2:  # mul1: fma(1024 + byte sum, k_inv, k_bias) in float16, one rounding as __hfma
         x = state * 0x83DCD12D
-        pairs = (x & 0x00FF00FF) + ((x >> 8) & 0x00FF00FF)  # two 16-bit lanes, each a sum of two bytes
-        total = (pairs & 0xFFFF) + (pairs >> 16)  # < 1024, so float16 1024 + total is 0x6400 + total exactly
-        val = tl.fma((total + 0x6400).to(tl.uint16).to(tl.float16, bitcast=True), K_INV_H, K_BIAS_H)
+        if ASM:
+            biased = tl.inline_asm_elementwise(BYTE_SUM_ASM, "=r,r", [x], dtype=tl.uint32, is_pure=True, pack=1)
+        else:
+            pairs = (x & 0x00FF00FF) + ((x >> 8) & 0x00FF00FF)  # two 16-bit lanes, each a sum of two bytes
+            biased = (pairs & 0xFFFF) + (pairs >> 16) + 0x6400  # sum < 1024: float16 1024 + sum is 0x6400 + sum
+        val = tl.fma(biased.to(tl.uint16).to(tl.float16, bitcast=True), K_INV_H, K_BIAS_H)
     else:
         x = state * 89226354 + 64248484 if CB == 0 else state * 0xCBAC1FED  # 3inst / mcg
         x = (x & 0x8FFF8FFF) ^ 0x3B603B60

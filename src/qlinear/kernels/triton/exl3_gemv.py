@@ -70,7 +70,7 @@ def _put(y_ptr, acc_lo, acc_hi, rows, nt, M, n_tiles, NTN: tl.constexpr, MB: tl.
 @triton.jit
 def exl3_gemv_kernel(x_ptr, u_ptr, y_ptr, M, stride_xw, n_tiles, kt_split, BITS: tl.constexpr, CB: tl.constexpr,
                      NTN: tl.constexpr, TWO_WORDS: tl.constexpr, ATOMIC: tl.constexpr, PREFETCH: tl.constexpr,
-                     MB: tl.constexpr):
+                     MB: tl.constexpr, ASM: tl.constexpr):
     """``y[M, N] (+)= xh[M, K] @ inner[K, N]`` over k tiles ``pid_k * kt_split ..`` for n tiles ``pid_n * NTN ..``
     and rows ``pid_m * MB ..``; ``x_ptr`` int32 view of float16 ``xh`` (``stride_xw`` words a row), ``u_ptr``
     int32 view of the trellis, ``y_ptr`` float32 (contiguous). ``PREFETCH``: load the next k tile's words before
@@ -123,7 +123,7 @@ def exl3_gemv_kernel(x_ptr, u_ptr, y_ptr, M, stride_xw, n_tiles, kt_split, BITS:
             else:
                 state = tl.where((rel <= 48)[None, :], win01 >> (48 - rel).to(tl.uint64)[None, :],
                                  win12 >> (80 - rel).to(tl.uint64)[None, :])
-            w = codebook_value(state.to(tl.uint32) & 0xFFFF, CB).to(tl.float32)
+            w = codebook_value(state.to(tl.uint32) & 0xFFFF, CB, ASM).to(tl.float32)
             xw = x_rows_hi if (s >> 1) & 1 else x_rows_lo
             xv = ((xw >> 16) if s & 1 else (xw & 0xFFFF)).to(tl.uint16).to(tl.float16, bitcast=True)
             if s >= 4:
@@ -208,6 +208,6 @@ def gemv_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: s
                                                       xh.shape[1] // 2, nt, kt // split, BITS=bits,
                                                       CB=CODEBOOKS.index(codebook), NTN=ntn,
                                                       TWO_WORDS=two_words(bits), ATOMIC=split > 1,
-                                                      PREFETCH=prefetch, MB=mb, num_warps=warps,
+                                                      PREFETCH=prefetch, MB=mb, ASM=xh.is_cuda, num_warps=warps,
                                                       **({"maxnreg": maxnreg} if maxnreg else {}))
     return y

@@ -37,17 +37,17 @@ def _block_offsets(n0, n_tiles, BITS: tl.constexpr, BK: tl.constexpr, BN: tl.con
 
 
 @triton.jit
-def _decode(tr_ptr, off0, off1, shift, CB: tl.constexpr):
+def _decode(tr_ptr, off0, off1, shift, CB: tl.constexpr, ASM: tl.constexpr):
     """float16 values of the states at ``tr_ptr + off0`` / ``off1`` (see ``_block_offsets``)."""
     w0 = tl.load(tr_ptr + off0).to(tl.uint16, bitcast=True).to(tl.uint32)
     w1 = tl.load(tr_ptr + off1).to(tl.uint16, bitcast=True).to(tl.uint32)
-    return codebook_value((((w0 << 16) | w1) >> shift) & 0xFFFF, CB)
+    return codebook_value((((w0 << 16) | w1) >> shift) & 0xFFFF, CB, ASM)
 
 
 @triton.jit
 def exl3_mv_kernel(x_ptr, tr_ptr, y_ptr, M, K, n_tiles, k_split, stride_xm, stride_ym,
                    BITS: tl.constexpr, CB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
-                   ATOMIC: tl.constexpr):
+                   ATOMIC: tl.constexpr, ASM: tl.constexpr):
     """``y[M, N] (+)= xh[M, K] @ inner[K, N]``: float16 operands, float32 sums; program (n block, K split, M block)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -60,7 +60,7 @@ def exl3_mv_kernel(x_ptr, tr_ptr, y_ptr, M, K, n_tiles, k_split, stride_xm, stri
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     k_step = (BK // 16) * n_tiles * 16 * BITS  # int16 words per BK rows
     for k0 in range(pid_k * k_split, tl.minimum(K, (pid_k + 1) * k_split), BK):
-        wt = _decode(tr_ptr + (k0 // BK) * k_step, off0, off1, shift, CB)
+        wt = _decode(tr_ptr + (k0 // BK) * k_step, off0, off1, shift, CB, ASM)
         xt = tl.load(x_rows + k0, mask=m[:, None] < M, other=0.0)
         acc += tl.dot(xt, wt)
     n = n0 + tl.arange(0, BN)
@@ -73,12 +73,12 @@ def exl3_mv_kernel(x_ptr, tr_ptr, y_ptr, M, K, n_tiles, k_split, stride_xm, stri
 
 @triton.jit
 def exl3_decode_kernel(tr_ptr, w_ptr, n_tiles, BITS: tl.constexpr, CB: tl.constexpr, BK: tl.constexpr,
-                       BN: tl.constexpr):
+                       BN: tl.constexpr, ASM: tl.constexpr):
     """The float16 inner weight ``[K, N]`` (row-major), one ``[BK, BN]`` block per program."""
     k0 = tl.program_id(1) * BK
     n0 = tl.program_id(0) * BN
     off0, off1, shift = _block_offsets(n0, n_tiles, BITS, BK, BN)
-    wt = _decode(tr_ptr + (k0 // 16) * n_tiles * 16 * BITS, off0, off1, shift, CB)
+    wt = _decode(tr_ptr + (k0 // 16) * n_tiles * 16 * BITS, off0, off1, shift, CB, ASM)
     k = k0 + tl.arange(0, BK)
     n = n0 + tl.arange(0, BN)
     tl.store(w_ptr + k[:, None] * (n_tiles * 16) + n[None, :], wt)
@@ -119,7 +119,8 @@ def decode_inner(trellis: torch.Tensor, bits: int, codebook: str) -> torch.Tenso
     k, n = 16 * kt, 16 * nt
     bk, bn = _block(k, 64), _block(n, 64)
     w = torch.empty(k, n, dtype=torch.float16, device=trellis.device)
-    exl3_decode_kernel[(n // bn, k // bk)](trellis, w, nt, BITS=bits, CB=CODEBOOKS.index(codebook), BK=bk, BN=bn)
+    exl3_decode_kernel[(n // bn, k // bk)](trellis, w, nt, BITS=bits, CB=CODEBOOKS.index(codebook), BK=bk, BN=bn,
+                                           ASM=trellis.is_cuda)
     return w
 
 
@@ -156,5 +157,6 @@ def fused_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: 
     k_split = k // split
     y = (torch.zeros if split > 1 else torch.empty)(m, n, dtype=torch.float32, device=xh.device)
     exl3_mv_kernel[(n // bn, split, -(-m // bm))](xh, trellis, y, m, k, nt, k_split, xh.stride(0), y.stride(0),
-                                                  BITS=bits, CB=cb, BM=bm, BK=bk, BN=bn, ATOMIC=split > 1)
+                                                  BITS=bits, CB=cb, BM=bm, BK=bk, BN=bn, ATOMIC=split > 1,
+                                                  ASM=xh.is_cuda)
     return y
