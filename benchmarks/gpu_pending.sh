@@ -80,6 +80,12 @@ run gguf_q8 120 python benchmarks/gguf_crossover.py --qtypes Q8_0 --ms 8,16,32,6
 # the EXL3 GEMV over smaller launches and larger K splits (ran on an H100 on 2026-12-07 and set exl3_gemv.LAUNCH /
 # PROGRAMS_PER_SM: results/h100-gpu-exl3-splits-2026-12-07.md); the H200's own
 run exl3_splits 150 python benchmarks/gpu_exl3_parts.py --no-transforms --shapes 4096x14336 --bits 2,4 --splits 1,4
+# EXL3 mul1's byte sum as one dp4a on CUDA (2026-12-07, third session; offline SASS 12.8 -> 8.4 instructions per
+# weight): bit-exact decode at every width and codebook, then the codebooks' GEMV times against
+# results/h100-gpu-exl3-codebooks-2026-12-07.md (2-bit mul1 39.5 us, 3inst 31.9 on 4096x14336)
+run exl3_decode_check 60 python benchmarks/gpu_exl3_decode_check.py
+run exl3_codebooks 200 python benchmarks/gpu_exl3_parts.py --no-transforms --shapes 4096x14336,14336x4096 \
+    --bits 2,3,4 --codebooks 3inst,mcg,mul1 --rule
 # EXL3's few-row GEMV: exllamav3's costs what one row does at M = 4 (31-40 us), qlinear's 48-57 (2026-12-07, H100,
 # results/h100-gpu_producer_kernels-2026-12-07.md); launches of 2 / 4 rows a program over the M = 1 sweep's shapes
 run exl3_rows 150 python benchmarks/gpu_exl3_parts.py --no-transforms --shapes 4096x14336,14336x4096 --bits 4,2 --m 4 \
