@@ -29,7 +29,9 @@ def from_pretrained_tp(path: str | Path, device: str | torch.device = "cpu", dty
                        backend: BACKEND | str = BACKEND.AUTO, group: dist.ProcessGroup | None = None
                        ) -> tuple[nn.Module, list[Placement]]:
     """This rank's model of a GPTQ / AWQ / compressed-tensors / FP8 directory (with config.json), cut by the llama
-    plan over ``group``; returns the model and the placements. Every rank calls it."""
+    plan over ``group``; returns the model and the placements. Every rank calls it, after joining the process group
+    through ``launch.join_process_group`` (transformers imports ``torch.distributed.nn`` here, which otherwise pins
+    the default group past ``destroy_process_group``)."""
     from accelerate import init_empty_weights
 
     from ..hf_model import _transformers
