@@ -1,6 +1,6 @@
 """Offline sm_90 SASS of the EXL3 fused decode GEMV at its M = 1 launch config (no GPU needed).
 
-    PYTHONPATH=src python benchmarks/exl3_sass.py [--bits 2 3 4] [--gemv [--tiles-n 32]]
+    PYTHONPATH=src python benchmarks/exl3_sass.py [--bits 2 3 4] [--gemv [--tiles-n 32]] [--plain]
 
 Counts, per (bits, codebook), the instructions and global loads inside the main K loop (the longest backward
 branch), divided by the weights one thread decodes per loop trip (BK * BN / threads; for ``--gemv``, the M = 1
@@ -10,6 +10,7 @@ kernel of ``exl3_gemv.py``: 256 tiles-n / threads), plus registers and spills.
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import sys
 
@@ -59,6 +60,8 @@ def main() -> None:
     parser.add_argument("--tiles-n", type=int, help="n tiles per program (default: exl3_gemv.launch_shape)")
     parser.add_argument("--warps", type=int, help="warps per program (default: the launch shape's, 4 for exl3_mv)")
     parser.add_argument("--rows", type=int, default=1, help="rows per program of the GEMV (MB)")
+    parser.add_argument("--plain", action="store_true", help="also compile the codebooks' plain-Triton lines (ASM "
+                        "off, as the interpreter runs them) beside the PTX ones CUDA runs")
     args = parser.parse_args()
     if args.gemv:
         kernel, ptrs = exl3_gemv.exl3_gemv_kernel, _GEMV
@@ -68,30 +71,31 @@ def main() -> None:
         bk, bn = exl3_mv.BLOCK_K, exl3_mv.BLOCK_N
         kernel, ptrs = exl3_mv.exl3_mv_kernel, _MV
         print(f"exl3_mv_kernel sm_90, BM=16 BK={bk} BN={bn}")
-    print("bits codebook tiles warps  regs spills loop_instr instr/weight LDG/weight")
-    for bits in args.bits:
-        for cb, name in enumerate(exl3_mv.CODEBOOKS):
-            if args.gemv:
-                tiles, warps = exl3_gemv.launch_shape(bits)
-                tiles, warps = args.tiles_n or tiles, args.warps or warps
-                while args.tiles_n is None and tiles * args.rows > exl3_gemv.MAX_ROW_TILES:
-                    tiles //= 2
-                per_thread = 256 * tiles / (32 * warps)
-                consts = dict(BITS=bits, CB=cb, NTN=tiles, TWO_WORDS=exl3_gemv.two_words(bits), ATOMIC=True,
-                              PREFETCH=exl3_gemv.PREFETCH, MB=args.rows, ASM=True)
-            else:
-                tiles, warps = bn // 16, args.warps or 4
-                per_thread = bk * bn / (32 * warps)
-                consts = dict(BITS=bits, CB=cb, BM=16, BK=bk, BN=bn, ATOMIC=True, ASM=True)
-            sig = {a: "constexpr" if a in consts else ptrs.get(a, "i32") for a in kernel.arg_names}
-            c = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
-                               options={"num_warps": warps})
-            sass = get_sass(c.asm["cubin"])
-            loop = k_loop(sass)
-            spills = len(re.findall(r"\bSTL\b", sass))
-            ldg = sum(op.startswith("LDG") for op in loop)
-            print(f"{bits:4d} {name:9s} {tiles:5d} {warps:5d} {registers(c.asm['cubin']):>5s} {spills:6d} "
-                  f"{len(loop):10d} {len(loop) / per_thread:12.2f} {ldg / per_thread:10.3f}", flush=True)
+    print("bits codebook  asm tiles warps  regs spills loop_instr instr/weight LDG/weight")
+    for bits, (cb, name), asm in itertools.product(args.bits, enumerate(exl3_mv.CODEBOOKS),
+                                                   (True, False) if args.plain else (True,)):
+        if args.gemv:
+            tiles, warps = exl3_gemv.launch_shape(bits)
+            tiles, warps = args.tiles_n or tiles, args.warps or warps
+            while args.tiles_n is None and tiles * args.rows > exl3_gemv.MAX_ROW_TILES:
+                tiles //= 2
+            per_thread = 256 * tiles / (32 * warps)
+            consts = dict(BITS=bits, CB=cb, NTN=tiles, TWO_WORDS=exl3_gemv.two_words(bits), ATOMIC=True,
+                          PREFETCH=exl3_gemv.PREFETCH, MB=args.rows, ASM=asm)
+        else:
+            tiles, warps = bn // 16, args.warps or 4
+            per_thread = bk * bn / (32 * warps)
+            consts = dict(BITS=bits, CB=cb, BM=16, BK=bk, BN=bn, ATOMIC=True, ASM=asm)
+        sig = {a: "constexpr" if a in consts else ptrs.get(a, "i32") for a in kernel.arg_names}
+        c = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": warps})
+        sass = get_sass(c.asm["cubin"])
+        loop = k_loop(sass)
+        spills = len(re.findall(r"\bSTL\b", sass))
+        ldg = sum(op.startswith("LDG") for op in loop)
+        print(f"{bits:4d} {name:9s} {'on' if asm else 'off':>4s} {tiles:5d} {warps:5d} "
+              f"{registers(c.asm['cubin']):>5s} {spills:6d} {len(loop):10d} {len(loop) / per_thread:12.2f} "
+              f"{ldg / per_thread:10.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gemv_tc_sweep import entry, fmt, tc
+from gemv_tc_sweep import entry, fmt, kquant_values, tc
 from gpu_linear import DEV, copies, timed
 from qlinear.kernels.triton import configs
 from qlinear.kernels.triton.configs import Config
@@ -47,19 +48,14 @@ def parse(text: str, p) -> Config:
 
 def weight(form: str, k: int, n: int, gen: torch.Generator):
     """A random 4-bit g32 weight in ``form`` and its float64 dequantization (written from the codes here)."""
-    codes = torch.randint(0, 16, (n, k), device=DEV, dtype=torch.uint8, generator=gen)
     if form.startswith("gptq"):
+        codes = torch.randint(0, 16, (n, k), device=DEV, dtype=torch.uint8, generator=gen)
         s = torch.rand(n, k // 32, device=DEV, generator=gen) * 0.01 + 0.001
         z = (torch.full((n, k // 32), 8, device=DEV, dtype=torch.int32) if form == "gptq_sym"
              else torch.randint(0, 16, (n, k // 32), device=DEV, dtype=torch.int32, generator=gen))
         p = build(codes, s, z, torch.arange(k, dtype=torch.int32) // 32, 4)
         return p, (codes.double() - z.double().repeat_interleave(32, 1)) * s.half().double().repeat_interleave(32, 1)
-    sc = torch.randint(0, 64, (n, k // 32), device=DEV, dtype=torch.uint8, generator=gen)
-    mins = torch.randint(0, 64, (n, k // 32), device=DEV, dtype=torch.uint8, generator=gen)
-    d = (torch.rand(n, k // 256, device=DEV, generator=gen) * 1e-3 + 1e-4).half().float()
-    dmin = (torch.rand(n, k // 256, device=DEV, generator=gen) * 1e-3).half().float()
-    s = d.repeat_interleave(8, 1) * sc.float()
-    o = -dmin.repeat_interleave(8, 1) * mins.float()
+    codes, sc, mins, d, dmin, s, o = kquant_values(k, n, gen)
     if form == "kquant":
         p = build_kquant(codes, sc, mins, d, dmin)
     else:  # MLX g32: bfloat16 scales and biases
@@ -68,8 +64,18 @@ def weight(form: str, k: int, n: int, gen: torch.Generator):
     return p, codes.double() * s.double().repeat_interleave(32, 1) + o.double().repeat_interleave(32, 1)
 
 
-def measure(k: int, n: int, form: str, names: list[str], reps: int, gen: torch.Generator) -> dict[str, float]:
-    """Microseconds per contender (inf where the output is wrong) on one weight, copies > 4x L2."""
+@dataclass
+class Cells:
+    """One form's row: microseconds per contender (inf where the output was wrong), the config each ran, and what
+    the shipped choice was."""
+
+    us: dict[str, float]
+    configs: dict[str, Config]
+    shipped: str
+
+
+def measure(k: int, n: int, form: str, names: list[str], reps: int, gen: torch.Generator) -> Cells:
+    """The shipped choice, the CUDA-core gemv and each named gemv_tc config on one weight, copies > 4x L2."""
     p, w = weight(form, k, n, gen)
     x = torch.randn(1, k, device=DEV, generator=gen).to(torch.bfloat16)
     ref = x.double() @ w.T
@@ -79,24 +85,22 @@ def measure(k: int, n: int, form: str, names: list[str], reps: int, gen: torch.G
                 for _ in range(copies(nbytes) - 1)]
     lock = torch.zeros(lock_slots(n), dtype=torch.int32, device=DEV)
     dev = torch.cuda.get_device_name()
-    shipped = {"shipped": configs.legal(configs.choose(dev, 132, 1, n, k, 4, 32), 1, p.kp, 4),
-               "gemv": configs.legal(configs.choose(dev, 132, 1, n, k, 4, 32, "gemv"), 1, p.kp, 4)}
-    out = {}
-    for name in ["shipped", "gemv", *names]:
-        c = shipped.get(name) or parse(name, p)
-
+    cfgs = {"shipped": configs.legal(configs.choose(dev, 132, 1, n, k, 4, 32), 1, p.kp, 4),
+            "gemv": configs.legal(configs.choose(dev, 132, 1, n, k, 4, 32, "gemv"), 1, p.kp, 4),
+            **{name: parse(name, p) for name in names}}
+    us = {}
+    for name, c in cfgs.items():
         def call(x: torch.Tensor, q=ps[0], c=c) -> torch.Tensor:
             return tc(x, q, c, lock) if c.variant == "gemv_tc" else qmm(x, q, c, None, lock)
 
         err = float((call(x).double() - ref).norm() / ref.norm())
-        if not err < 1e-2:
+        if err < 1e-2:
+            us[name] = timed([lambda x, q=q: call(x, q) for q in ps], x, reps)
+        else:
             print(f"<!-- WRONG {k}x{n} {form} {name}: {err:.2e} -->", flush=True)
-            out[name] = float("inf")
-            continue
-        out[name] = timed([lambda x, q=q: call(x, q) for q in ps], x, reps)
-        if name == "shipped":
-            out["shipped_is"] = fmt(c, p) if c.variant == "gemv_tc" else c.variant  # type: ignore[assignment]
-    return out
+            us[name] = float("inf")
+    ship = cfgs["shipped"]
+    return Cells(us, cfgs, fmt(ship, p) if ship.variant == "gemv_tc" else ship.variant)
 
 
 def main() -> int:
@@ -115,21 +119,18 @@ def main() -> int:
         k, n = (int(v) for v in shape.split("x"))
         rows = {form: measure(k, n, form, names, a.reps, gen) for form in FORMS}
         for form, t in rows.items():
-            print(f"| {k}x{n} | {form} | {t['shipped']:.1f} ({t['shipped_is']}) | {t['gemv']:.1f} | "
-                  + " | ".join(f"{t[c]:.1f}" for c in names) + " |", flush=True)
-        best = {form: min(t[c] for c in names) for form, t in rows.items()}
-        worst = {c: max(rows[f][c] / best[f] for f in FORMS) for c in names}
+            print(f"| {k}x{n} | {form} | {t.us['shipped']:.1f} ({t.shipped}) | {t.us['gemv']:.1f} | "
+                  + " | ".join(f"{t.us[c]:.1f}" for c in names) + " |", flush=True)
+        best = {form: min(t.us[c] for c in names) for form, t in rows.items()}
+        worst = {c: max(rows[f].us[c] / best[f] for f in FORMS) for c in names}
         pick = min(worst, key=worst.get)
-        gain = {f: rows[f]["shipped"] / rows[f][pick] for f in FORMS}
+        gain = {f: rows[f].us["shipped"] / rows[f].us[pick] for f in FORMS}
         print(f"\n{k}x{n}: the config with the smallest worst ratio to each form's best: {pick} (worst "
               f"{worst[pick]:.2f}x); shipped / it: " + ", ".join(f"{f} {g:.2f}x" for f, g in gain.items()) + "\n")
         sym = rows["gptq_sym"]
-        p, _ = weight("gptq_sym", k, n, gen)
-        if sym[pick] < sym["gemv"]:
-            found[configs.table_key("gemv_tc", 1, n, k, 4, 32)] = entry(parse(pick, p), sym[pick])
-            found[configs.table_key("gemv", 1, n, k, 4, 32)] = entry(
-                configs.legal(configs.choose(torch.cuda.get_device_name(), 132, 1, n, k, 4, 32, "gemv"), 1, p.kp, 4),
-                sym["gemv"])
+        if sym.us[pick] < sym.us["gemv"]:  # both times from one run, as configs.measured_variant compares them
+            found[configs.table_key("gemv_tc", 1, n, k, 4, 32)] = entry(sym.configs[pick], sym.us[pick])
+            found[configs.table_key("gemv", 1, n, k, 4, 32)] = entry(sym.configs["gemv"], sym.us["gemv"])
     print(json.dumps(found, indent=1))
     return 0
 

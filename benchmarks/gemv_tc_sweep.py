@@ -225,18 +225,24 @@ def sweep(k: int, n: int, bits: int, ms: list[int], reps: int, gen: torch.Genera
     return found
 
 
-def affine(k: int, n: int, reps: int, gen: torch.Generator, forms: tuple[str, ...] = ("affine32", "kquant")) -> None:
-    """GGUF's affine runtimes at M=1 on random Q4_K-shaped values (codes, 6-bit sub-scales and mins per 32,
-    float16 d and dmin per 256): the float32 scale + offset per 32 (``build_affine32``, Q4_0/Q4_1's form), the
-    two-level form (``build_kquant``, Q4_K's) and bfloat16 scale and offset per 32 (``bf16g32``, MLX g32's):
-    gemv_tc's configs against the shipped path and bf16."""
+def kquant_values(k: int, n: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """Random Q4_K-shaped values: codes ``[N, K]``, 6-bit sub-scales and mins per 32, float16 ``d`` / ``dmin`` per
+    256 (as float32), and the float32 scale and offset per 32 they make (``s = d sc``, ``o = -dmin m``)."""
     codes = torch.randint(0, 16, (n, k), device=DEV, dtype=torch.uint8, generator=gen)
     sc = torch.randint(0, 64, (n, k // 32), device=DEV, dtype=torch.uint8, generator=gen)
     mins = torch.randint(0, 64, (n, k // 32), device=DEV, dtype=torch.uint8, generator=gen)
     d = (torch.rand(n, k // 256, device=DEV, generator=gen) * 1e-3 + 1e-4).half().float()
     dmin = (torch.rand(n, k // 256, device=DEV, generator=gen) * 1e-3).half().float()
-    s = d.repeat_interleave(8, 1) * sc.float()
-    o = -dmin.repeat_interleave(8, 1) * mins.float()
+    s, o = d.repeat_interleave(8, 1) * sc.float(), -dmin.repeat_interleave(8, 1) * mins.float()
+    return codes, sc, mins, d, dmin, s, o
+
+
+def affine(k: int, n: int, reps: int, gen: torch.Generator, forms: tuple[str, ...] = ("affine32", "kquant")) -> None:
+    """GGUF's affine runtimes at M=1 on random Q4_K-shaped values (codes, 6-bit sub-scales and mins per 32,
+    float16 d and dmin per 256): the float32 scale + offset per 32 (``build_affine32``, Q4_0/Q4_1's form), the
+    two-level form (``build_kquant``, Q4_K's) and bfloat16 scale and offset per 32 (``bf16g32``, MLX g32's):
+    gemv_tc's configs against the shipped path and bf16."""
+    codes, sc, mins, d, dmin, s, o = kquant_values(k, n, gen)
     w = codes.float() * s.repeat_interleave(32, 1) + o.repeat_interleave(32, 1)
     x = torch.randn(1, k, device=DEV, generator=gen).to(torch.bfloat16)
     ref = x.float() @ w.T

@@ -42,7 +42,6 @@ VQ_INLINE void vector8(const vq_call *c, int64_t j, const int dt, const int M) {
 }
 
 #if defined(__AVX512F__)
-/* The entries of two codes side by side in one register (vector j's values, then vector j + 1's). */
 /* Two 8-value entries of a table (rows a and b) side by side, as float32. */
 static inline __m512 two_entries(const uint16_t *table, uint32_t a, uint32_t b, const int dt) {
     const __m128i lo = _mm_loadu_si128((const __m128i *)(table + a * 8));
@@ -50,6 +49,7 @@ static inline __m512 two_entries(const uint16_t *table, uint32_t a, uint32_t b, 
     return widen16(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1), dt);
 }
 
+/* The entries of two codes side by side in one register (vector j's values, then vector j + 1's). */
 static inline __m512 entry8x2(const vq_call *c, int64_t g, uint32_t a, uint32_t b, const int dt) {
     const uint32_t mask = (1u << c->cbits) - 1u;
     __m512 e = two_entries((const uint16_t *)c->cb + (g << c->cbits) * 8, a & mask, b & mask, dt);

@@ -14,8 +14,8 @@ K_BIAS = tl.constexpr(-10.3828125)  # float16 0xC931
 
 
 #: ``0x6400 +`` the sum of a word's four bytes in one instruction: dp4a against 0x01010101 (exllamav3's own byte
-#: sum for mul1). Takes mul1's decode from 12.8 to about 9.5 sm_90 instructions per weight, 3inst's count
-#: (``benchmarks/exl3_sass.py --gemv``).
+#: sum for mul1). Takes the M = 1 GEMV's mul1 decode from 12.8 to 8.4 sm_90 instructions per weight at 2 bits, under
+#: 3inst's 9.5 (``benchmarks/exl3_sass.py --gemv --plain``, ``results/exl3-sass-dp4a-2026-12-07.md``).
 BYTE_SUM_ASM = tl.constexpr("{ .reg .b32 ones, base; mov.b32 ones, 0x01010101; mov.b32 base, 0x6400; "
                              "dp4a.u32.u32 $0, $1, ones, base; }")
 
