@@ -167,9 +167,15 @@ def test_an_aliased_device_uses_the_other_table(monkeypatch: pytest.MonkeyPatch)
 
 def test_shipped_aliases_name_a_shipped_table() -> None:
     """The H100 SXM runs on the H200's table (same die and SM count; measured side by side): every shipped alias
-    points at a table that ships, and a device's own entries (none yet for the H100) are layered over it."""
+    points at a table that ships, and a device's own entries (the H100's M = 1 g32 keys) are layered over it: an
+    own entry replaces the aliased table's entry of that key, every other key is the aliased table's."""
     tables, aliases = configs._shipped()
     assert aliases.get("NVIDIA H100 80GB HBM3") == "NVIDIA H200"
     for device, source in aliases.items():
         assert source in tables and source != device, (device, source)
-    assert configs.device_table("NVIDIA H100 80GB HBM3")["configs"] == tables["NVIDIA H200"]["configs"]
+    layered = configs.device_table("NVIDIA H100 80GB HBM3")["configs"]
+    own, base = tables["NVIDIA H100 80GB HBM3"]["configs"], tables["NVIDIA H200"]["configs"]
+    assert set(own) & set(base), "an H100 entry should replace an H200 entry of the same key"
+    assert set(layered) == set(base) | set(own)
+    for key, entry in layered.items():
+        assert entry == (own[key] if key in own else base[key]), key
