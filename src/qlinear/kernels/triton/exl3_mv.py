@@ -1,12 +1,15 @@
 """EXL3 trellis decode in Triton: a fused decode GEMM for small M and a decode-to-float16 pass for large M (one row
 goes to the lane-wise GEMV of ``exl3_gemv.py``, which ``inner_product`` routes to).
 
-Both decode a ``[BK, BN]`` block of the inner weight straight from the int16 trellis (``layouts/exl3.py``): for the
-weight at tile row ``r`` / column ``c`` the stream position ``t`` follows from the mma fragment order, its state is
-the 16 stream bits ending with symbol ``t`` (two words, read cyclically within the tile, pairs swapped), and the
-codebook turns the state into the float16 value exllamav3's ``decode_3inst<cb>`` gives (one rounding of the exact
-float32 result). The input and output transforms around the product are butterflies of their own
-(``hadamard.py``).
+Both decode a ``[BK, BN]`` block of the inner weight straight from the int16 trellis (``layouts/exl3.py``) in
+stream order (``_stream_block``): each lane's 8 consecutive states come from 2-3 int32 words loaded once, as in
+the GEMV, and the block is placed by a reshape and a permute that the layout change into ``tl.dot`` absorbs. The
+per-element decode it replaced (``_block_offsets`` / ``_decode``: for the weight at tile row ``r`` / column ``c``
+the stream position from the mma fragment order, two int16 loads, a shift) stays selectable (``stream=False``)
+for the side by side; offline sm_90 SASS at 16 x 32 x 128, 4 warps: 2-bit 18.9 -> 11.5 instructions and 2.1 ->
+0.44 global loads per weight, 229 -> 80 registers; 4-bit 12.5 -> 11.6 and 0.88 -> 0.44. Either way the codebook
+turns a state into the float16 value exllamav3's ``decode_3inst<cb>`` gives (one rounding of the exact float32
+result). The input and output transforms around the product are butterflies of their own (``hadamard.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import triton.language as tl
 
 from ...layouts.exl3 import CODEBOOKS
 from .exl3_codebook import codebook_value
-from .exl3_gemv import gemv_product
+from .exl3_gemv import gemv_product, two_words
 
 
 @triton.jit
@@ -45,22 +48,56 @@ def _decode(tr_ptr, off0, off1, shift, CB: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def _stream_block(u_ptr, kt0, nt0, n_tiles, BITS: tl.constexpr, CB: tl.constexpr, KT: tl.constexpr,
+                  NTN: tl.constexpr, TWO_WORDS: tl.constexpr, ASM: tl.constexpr):
+    """float16 ``[16 KT, 16 NTN]`` block of the inner weight at k tile ``kt0``, n tile ``nt0`` (``u_ptr``: int32 view
+    of the trellis), decoded in stream order as the GEMV does (``exl3_gemv.py``: each lane's 8 consecutive states
+    from 2-3 words loaded once), then placed: lane ``L = 4 cq + q``, state ``s = 4 s2 + 2 s1 + s0`` is tile row
+    ``8 s1 + 2 q + s0``, column ``8 s2 + cq``, a reshape and one permute (the layout change ``tl.dot`` makes anyway)."""
+    WORDS: tl.constexpr = 8 * BITS  # int32 words per tile
+    lane = tl.arange(0, 32)
+    start = ((8 * lane + 1) * BITS + (256 * BITS - 16)) % (256 * BITS)  # first bit of the lane's first state
+    first = start // 32
+    rel = ((start % 32)[:, None] + tl.arange(0, 8)[None, :] * BITS)[None, None, :, :]  # [1, 1, 32, 8]
+    kt = kt0 + tl.arange(0, KT)
+    nt = nt0 + tl.arange(0, NTN)
+    tile = ((kt[:, None] * n_tiles + nt[None, :]) * WORDS)[:, :, None]  # [KT, NTN, 1]
+    w0 = tl.load(u_ptr + tile + first[None, None, :]).to(tl.uint32, bitcast=True).to(tl.uint64)
+    w1 = tl.load(u_ptr + tile + ((first + 1) % WORDS)[None, None, :]).to(tl.uint32, bitcast=True).to(tl.uint64)
+    win01 = ((w0 << 32) | w1)[:, :, :, None]
+    if TWO_WORDS:
+        state = win01 >> (48 - rel).to(tl.uint64)
+    else:
+        w2 = tl.load(u_ptr + tile + ((first + 2) % WORDS)[None, None, :]).to(tl.uint32, bitcast=True)
+        win12 = (w1[:, :, :, None] << 32) | w2.to(tl.uint64)[:, :, :, None]
+        state = tl.where(rel <= 48, win01 >> (48 - rel).to(tl.uint64), win12 >> (80 - rel).to(tl.uint64))
+    v = codebook_value(state.to(tl.uint32) & 0xFFFF, CB, ASM)  # [KT, NTN, 32 lanes, 8 states]
+    v = tl.permute(tl.reshape(v, (KT, NTN, 8, 4, 2, 2, 2)), (0, 5, 3, 6, 1, 4, 2))  # kt s1 q s0 | nt s2 cq
+    return tl.reshape(v, (16 * KT, 16 * NTN))
+
+
+@triton.jit
 def exl3_mv_kernel(x_ptr, tr_ptr, y_ptr, M, K, n_tiles, k_split, stride_xm, stride_ym,
                    BITS: tl.constexpr, CB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
-                   ATOMIC: tl.constexpr, ASM: tl.constexpr):
-    """``y[M, N] (+)= xh[M, K] @ inner[K, N]``: float16 operands, float32 sums; program (n block, K split, M block)."""
+                   ATOMIC: tl.constexpr, ASM: tl.constexpr, STREAM: tl.constexpr, TWO_WORDS: tl.constexpr):
+    """``y[M, N] (+)= xh[M, K] @ inner[K, N]``: float16 operands, float32 sums; program (n block, K split, M block).
+    ``STREAM``: decode with ``_stream_block`` (``tr_ptr`` an int32 view), else per element (int16)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
     m = pid_m * BM + tl.arange(0, BM)
     n0 = pid_n * BN
-    off0, off1, shift = _block_offsets(n0, n_tiles, BITS, BK, BN)
+    if not STREAM:
+        off0, off1, shift = _block_offsets(n0, n_tiles, BITS, BK, BN)
     kk = tl.arange(0, BK)
     x_rows = x_ptr + m[:, None] * stride_xm + kk[None, :]
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     k_step = (BK // 16) * n_tiles * 16 * BITS  # int16 words per BK rows
     for k0 in range(pid_k * k_split, tl.minimum(K, (pid_k + 1) * k_split), BK):
-        wt = _decode(tr_ptr + (k0 // BK) * k_step, off0, off1, shift, CB, ASM)
+        if STREAM:
+            wt = _stream_block(tr_ptr, k0 // 16, n0 // 16, n_tiles, BITS, CB, BK // 16, BN // 16, TWO_WORDS, ASM)
+        else:
+            wt = _decode(tr_ptr + (k0 // BK) * k_step, off0, off1, shift, CB, ASM)
         xt = tl.load(x_rows + k0, mask=m[:, None] < M, other=0.0)
         acc += tl.dot(xt, wt)
     n = n0 + tl.arange(0, BN)
@@ -73,12 +110,16 @@ def exl3_mv_kernel(x_ptr, tr_ptr, y_ptr, M, K, n_tiles, k_split, stride_xm, stri
 
 @triton.jit
 def exl3_decode_kernel(tr_ptr, w_ptr, n_tiles, BITS: tl.constexpr, CB: tl.constexpr, BK: tl.constexpr,
-                       BN: tl.constexpr, ASM: tl.constexpr):
-    """The float16 inner weight ``[K, N]`` (row-major), one ``[BK, BN]`` block per program."""
+                       BN: tl.constexpr, ASM: tl.constexpr, STREAM: tl.constexpr, TWO_WORDS: tl.constexpr):
+    """The float16 inner weight ``[K, N]`` (row-major), one ``[BK, BN]`` block per program (``STREAM``: as in
+    ``exl3_mv_kernel``)."""
     k0 = tl.program_id(1) * BK
     n0 = tl.program_id(0) * BN
-    off0, off1, shift = _block_offsets(n0, n_tiles, BITS, BK, BN)
-    wt = _decode(tr_ptr + (k0 // 16) * n_tiles * 16 * BITS, off0, off1, shift, CB, ASM)
+    if STREAM:
+        wt = _stream_block(tr_ptr, k0 // 16, n0 // 16, n_tiles, BITS, CB, BK // 16, BN // 16, TWO_WORDS, ASM)
+    else:
+        off0, off1, shift = _block_offsets(n0, n_tiles, BITS, BK, BN)
+        wt = _decode(tr_ptr + (k0 // 16) * n_tiles * 16 * BITS, off0, off1, shift, CB, ASM)
     k = k0 + tl.arange(0, BK)
     n = n0 + tl.arange(0, BN)
     tl.store(w_ptr + k[:, None] * (n_tiles * 16) + n[None, :], wt)
@@ -90,9 +131,10 @@ def exl3_decode_kernel(tr_ptr, w_ptr, n_tiles, BITS: tl.constexpr, CB: tl.conste
 GEMV_MAX_M = {"narrow": 8, "wide": 4}
 #: Largest M the fused kernel serves; above it the weight is decoded once per call and multiplied by cuBLAS.
 FUSED_MAX_M = 32
-#: Fused kernel block (4 warps). Chosen from the sm_90 SASS offline (no GPU timing yet): the K loop of a 32 x 128
-#: block issues about 12.5 instructions per decoded weight (64 x 64: about 20, with register spills).
-BLOCK_K, BLOCK_N = 32, 128
+#: Fused kernel block (4 warps), rows x k x n. Chosen from the sm_90 SASS offline for the per-element decode (no GPU
+#: timing yet): its K loop issued about 12.5 instructions per decoded weight at 32 x 128 (64 x 64: about 20, with
+#: register spills).
+BLOCK_M, BLOCK_K, BLOCK_N = 16, 32, 128
 
 
 def _block(total: int, want: int) -> int:
@@ -112,15 +154,17 @@ def check_trellis(trellis: torch.Tensor, bits: int, codebook: str) -> None:
         raise ValueError(f"exl3_mv: codebook: expected one of {', '.join(CODEBOOKS)}, found {codebook!r}")
 
 
-def decode_inner(trellis: torch.Tensor, bits: int, codebook: str) -> torch.Tensor:
-    """float16 ``[K, N]`` inner weight of an int16 trellis ``[K/16, N/16, 16 bits]`` (transient)."""
+def decode_inner(trellis: torch.Tensor, bits: int, codebook: str, stream: bool = True) -> torch.Tensor:
+    """float16 ``[K, N]`` inner weight of an int16 trellis ``[K/16, N/16, 16 bits]`` (transient; ``stream``: decode
+    with ``_stream_block``, else per element)."""
     check_trellis(trellis, bits, codebook)
     kt, nt = trellis.shape[:2]
     k, n = 16 * kt, 16 * nt
     bk, bn = _block(k, 64), _block(n, 64)
     w = torch.empty(k, n, dtype=torch.float16, device=trellis.device)
-    exl3_decode_kernel[(n // bn, k // bk)](trellis, w, nt, BITS=bits, CB=CODEBOOKS.index(codebook), BK=bk, BN=bn,
-                                           ASM=trellis.is_cuda)
+    exl3_decode_kernel[(n // bn, k // bk)](trellis.view(torch.int32) if stream else trellis, w, nt, BITS=bits,
+                                           CB=CODEBOOKS.index(codebook), BK=bk, BN=bn, ASM=trellis.is_cuda,
+                                           STREAM=stream, TWO_WORDS=two_words(bits))
     return w
 
 
@@ -143,20 +187,25 @@ def inner_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: 
     return fused_product(xh, trellis, bits, codebook, sms)
 
 
-def fused_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str, sms: int) -> torch.Tensor:
-    """``inner_product`` through the block decode and ``tl.dot`` (any M; served up to ``FUSED_MAX_M``)."""
+def fused_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str, sms: int,
+                  block: tuple[int, int, int] | None = None, warps: int = 4, stream: bool = True) -> torch.Tensor:
+    """``inner_product`` through the block decode and ``tl.dot`` (any M; served up to ``FUSED_MAX_M``). ``block``
+    (rows, k, n; powers of two, k and n multiples of 16) and ``warps`` override ``BLOCK_M``, ``BLOCK_K``, ``BLOCK_N``;
+    ``stream``: decode with ``_stream_block``, else per element (both kept for the side by side)."""
     m, k = xh.shape
     nt = trellis.shape[1]
     n = 16 * nt
     cb = CODEBOOKS.index(codebook)
-    bk, bn, bm = _block(k, BLOCK_K), _block(n, BLOCK_N), 16
+    bm, bk, bn = block or (BLOCK_M, BLOCK_K, BLOCK_N)
+    bk, bn = _block(k, bk), _block(n, bn)
     blocks = (n // bn) * -(-m // bm)
     split = 1
     while blocks * split < 4 * sms and k // (bk * split * 2) >= 2 and (k // bk) % (split * 2) == 0:
         split *= 2
     k_split = k // split
     y = (torch.zeros if split > 1 else torch.empty)(m, n, dtype=torch.float32, device=xh.device)
-    exl3_mv_kernel[(n // bn, split, -(-m // bm))](xh, trellis, y, m, k, nt, k_split, xh.stride(0), y.stride(0),
-                                                  BITS=bits, CB=cb, BM=bm, BK=bk, BN=bn, ATOMIC=split > 1,
-                                                  ASM=xh.is_cuda)
+    exl3_mv_kernel[(n // bn, split, -(-m // bm))](xh, trellis.view(torch.int32) if stream else trellis, y, m, k, nt,
+                                                  k_split, xh.stride(0), y.stride(0), BITS=bits, CB=cb, BM=bm,
+                                                  BK=bk, BN=bn, ATOMIC=split > 1, ASM=xh.is_cuda, STREAM=stream,
+                                                  TWO_WORDS=two_words(bits), num_warps=warps)
     return y
