@@ -137,8 +137,7 @@ def timing(args: argparse.Namespace) -> None:
     say()
     if gemv_vs_block:
         say(f"M <= {exl3_mv.FUSED_MAX_M} through the block decode + tl.dot kernel (`exl3_mv.fused_product`), us, "
-            f"for comparison with the kernel columns above (the lane-wise GEMV up to M = {exl3_mv.GEMV_MAX_M}, by "
-            "width):")
+            f"for comparison with the kernel columns above (the lane-wise GEMV up to M = {exl3_mv.GEMV_MAX_M}):")
         say()
         say("| K x N | M | " + " | ".join(f"{b}-bit block kernel" for b in args.bits) + " |")
         say("|---|---|" + "---|" * len(args.bits))

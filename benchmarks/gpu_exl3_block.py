@@ -32,10 +32,6 @@ WARPS = (4, 8)
 WIDTHS = ((2, "3inst"), (4, "3inst"), (2, "mul1"))
 
 
-def rows_block(m: int) -> int:
-    return min(64, max(16, 1 << (m - 1).bit_length()))
-
-
 def checks(gen: torch.Generator) -> int:
     from qlinear.kernels.triton import exl3_mv
     from qlinear.layouts import exl3
@@ -84,7 +80,7 @@ def timing(args, gen: torch.Generator) -> int:
             tb = timed(wb, x, args.reps)
             cells = [f"{timed([lambda v, t=t, f=f: f(v, t) for t in trs], xh, args.reps):.1f}" for f in runs.values()]
             fused = {}
-            bm = rows_block(m)
+            bm = exl3_mv.fused_rows(m)
             for (bk, bn), w in itertools.product(BLOCKS, WARPS):
                 def f(v, t, blk=(bm, bk, bn), w=w, b=bits, c=cb):
                     return exl3_mv.fused_product(v, t, b, c, sms, block=blk, warps=w)
@@ -96,7 +92,7 @@ def timing(args, gen: torch.Generator) -> int:
                     continue
                 fused[(bm, bk, bn, w)] = timed([lambda v, t=t, f=f: f(v, t) for t in trs], xh, args.reps)
             best = min(fused, key=fused.get)
-            shipped = (exl3_mv.BLOCK_M if m <= 16 else bm, exl3_mv.BLOCK_K, exl3_mv.BLOCK_N, 4)
+            shipped = (exl3_mv.fused_rows(m), exl3_mv.BLOCK_K, exl3_mv.BLOCK_N, 4)
             at_shipped = fused.get(shipped)
             say(f"| {m} | {tb:.1f} | " + " | ".join(f"{c} ({float(c) / tb:.2f})" for c in cells)
                 + f" | {best[0]}x{best[1]}x{best[2]} w{best[3]} | {fused[best]:.1f} ({fused[best] / tb:.2f}) | "

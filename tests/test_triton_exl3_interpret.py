@@ -87,7 +87,7 @@ def test_gemv_rows_match_float64(mv, bits: int, cb: str, m: int, rows: int | Non
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
 
 
-@pytest.mark.parametrize(("m", "sms"), [(1, 4), (5, 1), (20, 2), (40, 4)])
+@pytest.mark.parametrize(("m", "sms"), [(1, 4), (5, 1), (20, 2), (40, 4), (70, 4)])
 def test_product_matches(mv, m: int, sms: int) -> None:
     tr = trellis(256, 256, 3, seed=m)
     xh = torch.randn(m, 256, generator=torch.Generator().manual_seed(m)).half()

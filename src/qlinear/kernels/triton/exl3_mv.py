@@ -125,16 +125,22 @@ def exl3_decode_kernel(tr_ptr, w_ptr, n_tiles, BITS: tl.constexpr, CB: tl.conste
     tl.store(w_ptr + k[:, None] * (n_tiles * 16) + n[None, :], wt)
 
 
-#: Largest M the lane-wise GEMV serves (``exl3_gemv.py``, rows in blocks of up to 8) by trellis width (<= 3 bits,
-#: wider); above it the fused kernel. From the H100 side by side (``results/h100-exl3-gemv-rows-2026-12-05.md``,
-#: 4096x14336, us, GEMV / fused): 2-bit M = 8 79 / 103, M = 16 144 / 109; 4-bit M = 4 81 / 99, M = 8 107 / 104.
-GEMV_MAX_M = {"narrow": 8, "wide": 4}
-#: Largest M the fused kernel serves; above it the weight is decoded once per call and multiplied by cuBLAS.
-FUSED_MAX_M = 32
-#: Fused kernel block (4 warps), rows x k x n. Chosen from the sm_90 SASS offline for the per-element decode (no GPU
-#: timing yet): its K loop issued about 12.5 instructions per decoded weight at 32 x 128 (64 x 64: about 20, with
-#: register spills).
-BLOCK_M, BLOCK_K, BLOCK_N = 16, 32, 128
+#: Largest M the lane-wise GEMV serves (``exl3_gemv.py``); above it the fused kernel. From the H100 side by side
+#: with the stream decode (``benchmarks/gpu_exl3_block.py``, ``results/h100-gpu_exl3_block-2026-12-07.md``,
+#: 4096x14336, us, GEMV / best fused): M = 4 47-48 / 57-67; the fused kernel's 16-row block costs the same at any M up
+#: to 16 (59-70 at M = 16), under the GEMV's 79-88 at M = 8 (``results/h100-gpu_exl3-2026-12-07-dp4a.md``).
+GEMV_MAX_M = 4
+#: Largest M the fused kernel serves; above it the weight is decoded once per call and multiplied by cuBLAS. Same
+#: run: M = 64 fused 74-87 against decode + matmul 95-102; M = 256 236-280 against 101-106.
+FUSED_MAX_M = 64
+#: Fused kernel block (k x n, 4 warps; rows: ``fused_rows``), the best or within 2 % of it of 5 blocks x 2 warp
+#: counts at M = 1, 4, 16, 64 in that run (16 x 32 x 128, the block before, took 67-75 at M = 1..16).
+BLOCK_K, BLOCK_N = 32, 64
+
+
+def fused_rows(m: int) -> int:
+    """Rows of the fused kernel's block: the power of two holding M, 16 to 64 (16 is the tensor-core minimum)."""
+    return min(64, max(16, 1 << max(0, m - 1).bit_length()))
 
 
 def _block(total: int, want: int) -> int:
@@ -170,9 +176,9 @@ def decode_inner(trellis: torch.Tensor, bits: int, codebook: str, stream: bool =
 
 def inner_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str,
                   sms: int | None = None) -> torch.Tensor:
-    """float32 ``xh [M, K] @ inner [K, N]`` with ``xh`` float16 contiguous (``sms``: SM count for the split): one row
-    through the lane-wise GEMV (``exl3_gemv.py``), up to ``FUSED_MAX_M`` rows through the block decode and
-    ``tl.dot``, more by decoding the weight once and one float16 matmul."""
+    """float32 ``xh [M, K] @ inner [K, N]`` with ``xh`` float16 contiguous (``sms``: SM count for the split): up to
+    ``GEMV_MAX_M`` rows through the lane-wise GEMV (``exl3_gemv.py``), up to ``FUSED_MAX_M`` through the block
+    decode and ``tl.dot``, more by decoding the weight once and one float16 matmul."""
     check_trellis(trellis, bits, codebook)
     if xh.dtype != torch.float16 or xh.dim() != 2 or xh.shape[1] != 16 * trellis.shape[0] or xh.stride(1) != 1:
         raise ValueError(f"exl3_mv: xh: expected float16 [M, {16 * trellis.shape[0]}] with unit column stride, "
@@ -182,7 +188,7 @@ def inner_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: 
         return (xh @ decode_inner(trellis, bits, codebook)).float()
     if sms is None:
         sms = torch.cuda.get_device_properties(xh.device).multi_processor_count if xh.is_cuda else 4
-    if m <= GEMV_MAX_M["narrow" if bits <= 3 else "wide"]:
+    if m <= GEMV_MAX_M:
         return gemv_product(xh, trellis, bits, codebook, sms)
     return fused_product(xh, trellis, bits, codebook, sms)
 
@@ -190,13 +196,13 @@ def inner_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: 
 def fused_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str, sms: int,
                   block: tuple[int, int, int] | None = None, warps: int = 4, stream: bool = True) -> torch.Tensor:
     """``inner_product`` through the block decode and ``tl.dot`` (any M; served up to ``FUSED_MAX_M``). ``block``
-    (rows, k, n; powers of two, k and n multiples of 16) and ``warps`` override ``BLOCK_M``, ``BLOCK_K``, ``BLOCK_N``;
-    ``stream``: decode with ``_stream_block``, else per element (both kept for the side by side)."""
+    (rows, k, n; powers of two, k and n multiples of 16) and ``warps`` override ``fused_rows``, ``BLOCK_K``,
+    ``BLOCK_N``; ``stream``: decode with ``_stream_block``, else per element (both kept for the side by side)."""
     m, k = xh.shape
     nt = trellis.shape[1]
     n = 16 * nt
     cb = CODEBOOKS.index(codebook)
-    bm, bk, bn = block or (BLOCK_M, BLOCK_K, BLOCK_N)
+    bm, bk, bn = block or (fused_rows(m), BLOCK_K, BLOCK_N)
     bk, bn = _block(k, bk), _block(n, bn)
     blocks = (n // bn) * -(-m // bm)
     split = 1
