@@ -90,9 +90,9 @@ run exl3_codebooks 200 python benchmarks/gpu_exl3_parts.py --no-transforms --sha
 # results/h100-gpu_producer_kernels-2026-12-07.md); launches of 2 / 4 rows a program over the M = 1 sweep's shapes
 run exl3_rows 150 python benchmarks/gpu_exl3_parts.py --no-transforms --shapes 4096x14336,14336x4096 --bits 4,2 --m 4 \
     --splits 1,2 --row-blocks 4,2
-# EXL3's block decode in stream order (2026-12-07, fourth session; offline SASS 2-bit 18.9 -> 11.5 instructions and
-# 2.1 -> 0.44 global loads per weight): both decodes bit for bit on CUDA, then the fused kernel over blocks and warps
-# and the decode + matmul route against the per-element decode and the shipped route at M = 1..256; the numbers
-# that set exl3_mv's GEMV_MAX_M / FUSED_MAX_M / BLOCK_* (all still the per-element decode's)
-run exl3_block 570 python benchmarks/gpu_exl3_block.py --ms 1,2,4,8,16,32,64,128,256
+# EXL3's block decode in stream order (2026-12-07, fourth session): both decodes bit for bit on CUDA, then the fused
+# kernel over blocks and warps and the decode + matmul route against the per-element decode and the shipped route.
+# Ran on an H100 for 4096x14336 at M = 1, 4, 16, 64, 256 (results/h100-gpu_exl3_block-2026-12-07.md), which set
+# exl3_mv's GEMV_MAX_M / FUSED_MAX_M / BLOCK_*; still to time: 14336x4096, M = 8 and 32 (inferred), the H200
+run exl3_block 570 python benchmarks/gpu_exl3_block.py --ms 1,4,8,16,32,64,128,256
 exit $status
