@@ -68,6 +68,14 @@ def _put(y_ptr, acc_lo, acc_hi, rows, nt, M, n_tiles, NTN: tl.constexpr, MB: tl.
 
 
 @triton.jit
+def lane_first_bit(BITS: tl.constexpr):
+    """``[32]``: the first bit of each lane's first state (stream position ``8 L``) within its tile's ``256 BITS``
+    bits; shared with the block decode (``exl3_mv._stream_block``)."""
+    lane = tl.arange(0, 32)
+    return ((8 * lane + 1) * BITS + (256 * BITS - 16)) % (256 * BITS)
+
+
+@triton.jit
 def exl3_gemv_kernel(x_ptr, u_ptr, y_ptr, M, stride_xw, n_tiles, kt_split, BITS: tl.constexpr, CB: tl.constexpr,
                      NTN: tl.constexpr, TWO_WORDS: tl.constexpr, ATOMIC: tl.constexpr, PREFETCH: tl.constexpr,
                      MB: tl.constexpr, ASM: tl.constexpr):
@@ -77,7 +85,7 @@ def exl3_gemv_kernel(x_ptr, u_ptr, y_ptr, M, stride_xw, n_tiles, kt_split, BITS:
     decoding this one (hides the load latency when few warps are resident)."""
     WORDS: tl.constexpr = 8 * BITS  # int32 words per tile
     lane = tl.arange(0, 32)
-    start = ((8 * lane + 1) * BITS + (256 * BITS - 16)) % (256 * BITS)  # first bit of the lane's first state
+    start = lane_first_bit(BITS)
     first = start // 32
     rel0 = start % 32
     nt = tl.program_id(0) * NTN + tl.arange(0, NTN)

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ...layouts.exl3 import CODEBOOKS
 from .exl3_codebook import codebook_value
-from .exl3_gemv import gemv_product, two_words
+from .exl3_gemv import gemv_product, lane_first_bit, two_words
 
 
 @triton.jit
@@ -55,8 +55,7 @@ def _stream_block(u_ptr, kt0, nt0, n_tiles, BITS: tl.constexpr, CB: tl.constexpr
     from 2-3 words loaded once), then placed: lane ``L = 4 cq + q``, state ``s = 4 s2 + 2 s1 + s0`` is tile row
     ``8 s1 + 2 q + s0``, column ``8 s2 + cq``, a reshape and one permute (the layout change ``tl.dot`` makes anyway)."""
     WORDS: tl.constexpr = 8 * BITS  # int32 words per tile
-    lane = tl.arange(0, 32)
-    start = ((8 * lane + 1) * BITS + (256 * BITS - 16)) % (256 * BITS)  # first bit of the lane's first state
+    start = lane_first_bit(BITS)
     first = start // 32
     rel = ((start % 32)[:, None] + tl.arange(0, 8)[None, :] * BITS)[None, None, :, :]  # [1, 1, 32, 8]
     kt = kt0 + tl.arange(0, KT)
