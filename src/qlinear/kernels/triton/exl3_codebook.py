@@ -24,8 +24,8 @@ BYTE_SUM_ASM = tl.constexpr("{ .reg .b32 ones, base; mov.b32 ones, 0x01010101; m
 def codebook_value(state, CB: tl.constexpr, ASM: tl.constexpr):
     """float16 value of uint32 ``state`` (< 2**16); ``CB`` indexes ``layouts.exl3.CODEBOOKS``. ``ASM``: PTX where it
     saves instructions (CUDA only; the interpreter runs the plain-Triton lines, which compute the same bits)."""
-    K_INV_H = tl.full((), K_INV, tl.float16)
-    K_BIAS_H = tl.full((), K_BIAS, tl.float16)
+    K_INV_H = tl.cast(K_INV, tl.float16)  # exact: both are float16 values; a scalar cast (no tl.full) so Gluon
+    K_BIAS_H = tl.cast(K_BIAS, tl.float16)  # kernels (exl3_tc.py) call this too
     if CB == 2:  # mul1: fma(1024 + byte sum, k_inv, k_bias) in float16, one rounding as __hfma
         x = state * 0x83DCD12D
         if ASM:

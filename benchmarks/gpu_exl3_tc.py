@@ -1,0 +1,123 @@
+"""EXL3 decoded straight into mma fragments (``exl3_tc.py``, Gluon) against the lane-wise GEMV and the Triton fused
+kernel it may replace, at M = 1..64.
+
+    PYTHONPATH=src:benchmarks python benchmarks/gpu_exl3_tc.py [--shapes 4096x14336,14336x4096] [--ms 1,4,16,64]
+
+Checks first, on CUDA: ``exl3_tc.tc_product`` against the float64 product of the Torch layout's inner weight at
+every width 1-8 x every codebook, at row counts and launches that cover a K split, a partial row block and
+three-word widths (relative error <= 1e-5). Then us per call (median of CUDA graph replays over weight copies
+exceeding L2) beside bf16 ``F.linear``: the shipped route (``exl3_mv.inner_product``), the GEMV, the fused
+kernel, and the tensor-core kernel over launches (n tiles, k tiles a step, warps, programs per SM), each checked
+against float64 before it is timed. ``$OUT``, when set, receives ``gpu_exl3_tc.md``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_report import bf16_baseline, checks_then_timing, parser, say
+from gpu_report import parse as parse_args
+
+SHAPES = ((4096, 14336), (14336, 4096))
+DEV = torch.device("cuda")
+#: (n tiles, k tiles a step, warps, programs per SM) of the sweep
+LAUNCHES = ((8, 2, 4, 16), (8, 1, 4, 16), (8, 4, 4, 16), (16, 2, 4, 16), (4, 2, 4, 16), (8, 2, 2, 16),
+            (8, 2, 4, 32))
+WIDTHS = ((2, "3inst"), (4, "3inst"), (2, "mul1"))
+
+
+def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.double() - ref).norm() / ref.norm())
+
+
+def checks(gen: torch.Generator) -> int:
+    from qlinear.kernels.triton import exl3_tc
+    from qlinear.layouts import exl3
+
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    failed = 0
+    say("| bits codebook | worst relative error over M = 3, 40 x two launches (<= 1e-5) |")
+    say("|---|---|")
+    for bits, cb in itertools.product(range(1, 9), exl3.CODEBOOKS):
+        tr = torch.randint(-(1 << 15), 1 << 15, (64, 48, 16 * bits), device=DEV, dtype=torch.int16, generator=gen)
+        inner = exl3.inner_weight(tr.cpu(), bits, exl3.codebook_table(cb)).double().to(DEV)
+        worst = 0.0
+        for m, launch in itertools.product((3, 40), ({"split": 4}, {"warps": 2, "tiles_n": 4, "tiles_k": 4})):
+            xh = torch.randn(m, 1024, device=DEV, generator=gen).half()
+            worst = max(worst, rel(exl3_tc.tc_product(xh, tr, bits, cb, sms, **launch), xh.double() @ inner))
+        failed += not worst <= 1e-5
+        say(f"| {bits} {cb} | {worst:.2e} |")
+    say()
+    return failed
+
+
+def timing(args, gen: torch.Generator) -> int:
+    from gpu_linear import copies, timed
+    from qlinear.kernels.triton import exl3_gemv, exl3_mv, exl3_tc
+    from qlinear.layouts import exl3
+
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    failed = 0
+    for (k, n), (bits, cb) in itertools.product(args.shapes, WIDTHS):
+        trs = [torch.randint(-(1 << 15), 1 << 15, (k // 16, n // 16, 16 * bits), device=DEV, dtype=torch.int16,
+                             generator=gen) for _ in range(copies(k * n * bits // 8))]
+        inner64 = exl3.inner_weight(trs[0].cpu(), bits, exl3.codebook_table(cb)).double().to(DEV)
+        wb = bf16_baseline(k, n, gen)
+        say(f"## {k}x{n}, {bits}-bit {cb}: us per call (/ bf16)")
+        say()
+        say("| M | bf16 | shipped route | GEMV | fused (Triton) | best tc (n tiles, k tiles, warps, per SM) | "
+            f"tc at {exl3_tc.LAUNCH} |")
+        say("|---" * 7 + "|")
+        for m in args.ms:
+            x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
+            xh = x.half()
+            ref = xh.double() @ inner64
+            tb = timed(wb, x, args.reps)
+            others = {"route": lambda v, t, b=bits, c=cb: exl3_mv.inner_product(v, t, b, c, sms),
+                      "gemv": lambda v, t, b=bits, c=cb: exl3_gemv.gemv_product(v, t, b, c, sms),
+                      "fused": lambda v, t, b=bits, c=cb: exl3_mv.fused_product(v, t, b, c, sms)}
+            cells = {}
+            for name, f in others.items():
+                if name == "gemv" and m > exl3_gemv.MAX_ROWS:
+                    cells[name] = "-"
+                    continue
+                cells[name] = f"{timed([lambda v, t=t, f=f: f(v, t) for t in trs], xh, args.reps):.1f}"
+            tc = {}
+            for nt_, kt_, w, per in LAUNCHES:
+                def f(v, t, nt_=nt_, kt_=kt_, w=w, per=per, b=bits, c=cb):
+                    return exl3_tc.tc_product(v, t, b, c, sms, tiles_n=nt_, tiles_k=kt_, warps=w, per_sm=per)
+                err = rel(f(xh, trs[0]), ref)
+                if not err <= 1e-5:
+                    say(f"<!-- WRONG {k}x{n} {bits} {cb} M={m} {(nt_, kt_, w, per)}: {err:.2e} -->")
+                    failed += 1
+                    continue
+                tc[(nt_, kt_, w, per)] = timed([lambda v, t=t, f=f: f(v, t) for t in trs], xh, args.reps)
+            best = min(tc, key=tc.get)
+            shipped = tc.get((*exl3_tc.LAUNCH, exl3_tc.PROGRAMS_PER_SM))
+            say(f"| {m} | {tb:.1f} | " + " | ".join(c if c == "-" else f"{c} ({float(c) / tb:.2f})"
+                                                  for c in cells.values())
+                + f" | {best} {tc[best]:.1f} ({tc[best] / tb:.2f}) | " + (f"{shipped:.1f}" if shipped else "-") + " |")
+            say("<!-- " + ", ".join(f"{key}: {t:.1f}" for key, t in tc.items()) + " -->")
+        say()
+        del trs, wb
+        torch.cuda.empty_cache()
+    return failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__, SHAPES, (1, 4, 8, 16, 32, 64), reps=20)
+    args = parse_args(p, argv)
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    return checks_then_timing("gpu_exl3_tc", "EXL3 into mma fragments (Gluon) against the GEMV and fused kernel",
+                              argv, args, lambda: checks(gen), lambda a: timing(a, gen))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
