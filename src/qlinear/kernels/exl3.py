@@ -173,10 +173,11 @@ class ExllamaV3TorchLinear(Exl3QuantLinear):
 class ExllamaV3Linear(Exl3QuantLinear):
     """EXL3 on CUDA through Triton (``triton/exl3_mv.py``). The reference's class of this name runs exllamav3's
     JIT-built CUDA extension; qlinear does not build or import it, and runs its own Triton kernels instead: for
-    M up to 4 a decode GEMV (each lane decodes 8 consecutive trellis states from 2-3 words and multiplies them with
-    every row, ``triton/exl3_gemv.py``), for M <= 64 a fused decode GEMM (the same stream-order decode of a block,
-    placed for a tensor-core dot, float32 sums, split over K), above that the float16 inner weight decoded once per
-    call (transient) and one cuBLAS matmul. The transformed input
+    M up to 32 each lane decodes 8 consecutive trellis states from 2-3 words straight into its mma.sync A fragment
+    (exllamav3's tile order is that fragment's, ``triton/exl3_tc.py``, Gluon; float32 sums, split over K; without
+    Gluon a lane-wise decode GEMV up to M = 4, ``triton/exl3_gemv.py``), for M <= 64 a fused decode GEMM (the same
+    decode of a block, placed for ``tl.dot``), above that the float16 inner weight decoded once per call
+    (transient) and one cuBLAS matmul. The transformed input
     is rounded to float16 before the product, as exllamav3 does; outputs match ExllamaV3TorchLinear to that
     rounding (split-K partial sums are added atomically, so their order may vary between calls). Declared for CUDA
     only: the kernel has not been run on ROCm."""
@@ -188,7 +189,8 @@ class ExllamaV3Linear(Exl3QuantLinear):
 
     @classmethod
     def describe_runs(cls, problem: Problem, target: Target) -> str:
-        return ("M <= 4: lane-wise trellis-decode GEMV; M <= 64: fused trellis-decode GEMM (Triton, split-K); "
+        return ("M <= 32: trellis decoded into mma.sync fragments (Gluon, split-K; without Gluon a lane-wise GEMV up "
+                "to M = 4); M <= 64: fused trellis-decode GEMM (Triton, split-K); "
                 "above: float16 weight decoded per call, then cuBLAS; input/output Hadamard transforms as two Triton "
                 "butterfly kernels")
 

@@ -1,5 +1,6 @@
-"""EXL3 trellis decode in Triton: a fused decode GEMM for small M and a decode-to-float16 pass for large M (one row
-goes to the lane-wise GEMV of ``exl3_gemv.py``, which ``inner_product`` routes to).
+"""EXL3 trellis decode in Triton, and the route ``inner_product`` takes: up to 32 rows decoded straight into mma
+fragments (``exl3_tc.py``, Gluon), a fused decode GEMM up to 64 (from 5 rows where Gluon cannot run, the lane-wise
+GEMV of ``exl3_gemv.py`` below), a decode-to-float16 pass and one matmul above.
 
 Both decode a ``[BK, BN]`` block of the inner weight straight from the int16 trellis (``layouts/exl3.py``) in
 stream order (``_stream_block``): each lane's 8 consecutive states come from 2-3 int32 words loaded once, as in
@@ -124,10 +125,17 @@ def exl3_decode_kernel(tr_ptr, w_ptr, n_tiles, BITS: tl.constexpr, CB: tl.conste
     tl.store(w_ptr + k[:, None] * (n_tiles * 16) + n[None, :], wt)
 
 
-#: Largest M the lane-wise GEMV serves (``exl3_gemv.py``); above it the fused kernel. From the H100 side by side
-#: with the stream decode (``benchmarks/gpu_exl3_block.py``, ``results/h100-gpu_exl3_block-2026-12-07.md``,
-#: 4096x14336, us, GEMV / best fused): M = 4 47-48 / 57-67; the fused kernel's 16-row block costs the same at any M up
-#: to 16 (59-70 at M = 16), under the GEMV's 79-88 at M = 8 (``results/h100-gpu_exl3-2026-12-07-dp4a.md``).
+#: Largest M the mma-fragment kernel serves on CUDA (``exl3_tc.py``, Gluon: Triton 3.6+); on the H100
+#: (``benchmarks/gpu_exl3_tc.py``, ``results/h100-gpu_exl3_tc-2026-12-08.md``, 4096x14336 / 14336x4096, 2-bit and
+#: 4-bit 3inst, 2-bit mul1, us) it beats the GEMV at M = 1 (23-30 against 29-34) and costs about the same up to 8 rows
+#: (23-31 against the GEMV's 44-48 at M = 4), then 29-35 at 16 and 43-54 at 32 against the fused kernel's 57-71 and
+#: 65-77; at 64 it takes 74-99 against the fused kernel's 74-87.
+TC_MAX_M = 32
+#: Largest M the lane-wise GEMV serves where the mma-fragment kernel cannot run (no Gluon; Triton's interpreter).
+#: From the H100 side by side with the stream decode (``benchmarks/gpu_exl3_block.py``,
+#: ``results/h100-gpu_exl3_block-2026-12-07.md``, 4096x14336, us, GEMV / best fused): M = 4 47-48 / 57-67; the fused
+#: kernel's 16-row block costs the same at any M up to 16 (59-70 at M = 16), under the GEMV's 79-88 at M = 8
+#: (``results/h100-gpu_exl3-2026-12-07-dp4a.md``).
 GEMV_MAX_M = 4
 #: Largest M the fused kernel serves; above it the weight is decoded once per call and multiplied by cuBLAS. Same
 #: run: M = 64 fused 74-87 against decode + matmul 95-102; M = 256 236-280 against 101-106.
@@ -173,11 +181,19 @@ def decode_inner(trellis: torch.Tensor, bits: int, codebook: str, stream: bool =
     return w
 
 
+def tc_available(xh: torch.Tensor) -> bool:
+    """Whether the mma-fragment kernel (``exl3_tc.py``) can run on ``xh``'s device: CUDA and a Triton with Gluon."""
+    from .gemm4_limits import gluon_missing
+
+    return xh.is_cuda and not gluon_missing()
+
+
 def inner_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str,
                   sms: int | None = None) -> torch.Tensor:
     """float32 ``xh [M, K] @ inner [K, N]`` with ``xh`` float16 contiguous (``sms``: SM count for the split): up to
-    ``GEMV_MAX_M`` rows through the lane-wise GEMV (``exl3_gemv.py``), up to ``FUSED_MAX_M`` through the block
-    decode and ``tl.dot``, more by decoding the weight once and one float16 matmul."""
+    ``TC_MAX_M`` rows decoded straight into mma fragments (``exl3_tc.py``) where Gluon runs, else up to
+    ``GEMV_MAX_M`` through the lane-wise GEMV (``exl3_gemv.py``); up to ``FUSED_MAX_M`` through the block decode and
+    ``tl.dot``; more by decoding the weight once and one float16 matmul."""
     check_trellis(trellis, bits, codebook)
     if xh.dtype != torch.float16 or xh.dim() != 2 or xh.shape[1] != 16 * trellis.shape[0] or xh.stride(1) != 1:
         raise ValueError(f"exl3_mv: xh: expected float16 [M, {16 * trellis.shape[0]}] with unit column stride, "
@@ -187,6 +203,10 @@ def inner_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: 
         return (xh @ decode_inner(trellis, bits, codebook)).float()
     if sms is None:
         sms = torch.cuda.get_device_properties(xh.device).multi_processor_count if xh.is_cuda else 4
+    if m <= TC_MAX_M and tc_available(xh):
+        from .exl3_tc import tc_product
+
+        return tc_product(xh, trellis, bits, codebook, sms)
     if m <= GEMV_MAX_M:
         return gemv_product(xh, trellis, bits, codebook, sms)
     return fused_product(xh, trellis, bits, codebook, sms)

@@ -101,8 +101,12 @@ def exl3_tc_kernel(x_ptr, u_ptr, y_ptr, M, n_tiles, kt_split, stride_xm, stride_
         gl.store(ptr, acc, mask=live)
 
 
-#: Launch at M up to 8 (n tiles a program, k tiles a step, warps); from the first H100 sweep (set below).
-LAUNCH = (8, 2, 4)
+#: Launch (n tiles a program, k tiles a step, warps) by rows, from the H100 sweep over 7 launches, 2 shapes x 3
+#: widths (``benchmarks/gpu_exl3_tc.py``, ``results/h100-gpu_exl3_tc-2026-12-08.md``): up to 8 rows 8 x 4 x 4 (within
+#: 1.05 / 1.08 of each cell's best at M = 1 / 4..8, 1.02-1.03 on average); more rows 8 x 2 x 2 (within 1.05 at M = 16
+#: and 32; 4 warps cost 1.08-1.12 at M = 32, the accumulators being twice as many a thread).
+LAUNCH_FEW = (8, 4, 4)
+LAUNCH = (8, 2, 2)
 #: Programs per SM the K split aims for, as the GEMV's (``exl3_gemv.PROGRAMS_PER_SM``).
 PROGRAMS_PER_SM = 16
 #: Fewest k tiles a program sums before the launcher stops splitting K.
@@ -119,12 +123,13 @@ def tc_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str
                rows: int | None = None, split: int | None = None, per_sm: int = PROGRAMS_PER_SM) -> torch.Tensor:
     """float32 ``xh [M, K] @ inner [K, N]`` on the tensor cores, CUDA only (``xh`` float16 with unit column stride,
     the trellis checked by ``exl3_mv.check_trellis``; ``sms``: SM count for the K split). ``tiles_n``,
-    ``tiles_k``, ``warps``, ``rows``, ``split`` and ``per_sm`` override ``LAUNCH``, ``tc_rows`` and the split rule,
-    for sweeps."""
+    ``tiles_k``, ``warps``, ``rows``, ``split`` and ``per_sm`` override ``LAUNCH_FEW`` / ``LAUNCH``, ``tc_rows`` and
+    the split rule, for sweeps."""
     kt, nt = trellis.shape[:2]
     m = xh.shape[0]
     bm = rows or tc_rows(m)
-    ntn, ktn, warps = tiles_n or LAUNCH[0], tiles_k or LAUNCH[1], warps or LAUNCH[2]
+    launch = LAUNCH_FEW if bm <= 8 else LAUNCH
+    ntn, ktn, warps = tiles_n or launch[0], tiles_k or launch[1], warps or launch[2]
     while nt % ntn:
         ntn //= 2
     while kt % ktn:
