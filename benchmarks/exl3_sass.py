@@ -17,7 +17,7 @@ import sys
 from qlinear.kernels.triton import exl3_gemv, exl3_mv
 from sass_offline import registers  # the bundled cuobjdump's register count
 
-_MV = {"x_ptr": "*fp16", "tr_ptr": "*i16", "y_ptr": "*fp32"}
+_MV = {"x_ptr": "*fp16", "tr_ptr": "*i32", "y_ptr": "*fp32"}
 _GEMV = {"x_ptr": "*i32", "u_ptr": "*i32", "y_ptr": "*fp32"}
 _LINE = re.compile(r"\t(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 _LABEL = re.compile(r"^\s*(LBB\d+):")
@@ -60,8 +60,6 @@ def main() -> None:
     parser.add_argument("--tiles-n", type=int, help="n tiles per program (default: exl3_gemv.launch_shape)")
     parser.add_argument("--warps", type=int, help="warps per program (default: the launch shape's, 4 for exl3_mv)")
     parser.add_argument("--rows", type=int, default=1, help="rows per program of the GEMV (MB)")
-    parser.add_argument("--per-element", action="store_true", help="the block kernel's per-element decode (two int16 "
-                        "loads a weight) instead of its stream-order one")
     parser.add_argument("--plain", action="store_true", help="also compile the codebooks' plain-Triton lines (ASM "
                         "off, as the interpreter runs them) beside the PTX ones CUDA runs")
     args = parser.parse_args()
@@ -72,7 +70,7 @@ def main() -> None:
     else:
         bk, bn = exl3_mv.BLOCK_K, exl3_mv.BLOCK_N
         kernel, ptrs = exl3_mv.exl3_mv_kernel, _MV
-        print(f"exl3_mv_kernel sm_90, BM=16 BK={bk} BN={bn}, {'per-element' if args.per_element else 'stream'} decode")
+        print(f"exl3_mv_kernel sm_90, BM=16 BK={bk} BN={bn}, stream-order decode")
     print("bits codebook  asm tiles warps  regs spills loop_instr instr/weight LDG/weight")
     for bits, (cb, name), asm in itertools.product(args.bits, enumerate(exl3_mv.CODEBOOKS),
                                                    (True, False) if args.plain else (True,)):
@@ -87,9 +85,8 @@ def main() -> None:
         else:
             tiles, warps = bn // 16, args.warps or 4
             per_thread = bk * bn / (32 * warps)
-            consts = dict(BITS=bits, CB=cb, BM=16, BK=bk, BN=bn, ATOMIC=True, ASM=asm, STREAM=not args.per_element,
+            consts = dict(BITS=bits, CB=cb, BM=16, BK=bk, BN=bn, ATOMIC=True, ASM=asm,
                           TWO_WORDS=exl3_gemv.two_words(bits))
-            ptrs = _MV | ({} if args.per_element else {"tr_ptr": "*i32"})
         sig = {a: "constexpr" if a in consts else ptrs.get(a, "i32") for a in kernel.arg_names}
         c = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": warps})

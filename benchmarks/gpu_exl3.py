@@ -129,7 +129,7 @@ def timing(args: argparse.Namespace) -> None:
                 tl_, tk = timed(runs[bits][0], x, args.reps), timed(runs[bits][1], x, args.reps)
                 cells.append(f"{tl_:.1f} | {tl_ / tb:.2f} | {tk:.1f} | {tk / tb:.2f}")
             say(f"| {k}x{n} | {m} | {tb:.1f} | " + " | ".join(cells) + " |")
-            if m <= exl3_mv.FUSED_MAX_M:  # the block decode + tl.dot, where inner_product may run the GEMV
+            if m <= exl3_mv.FUSED_MAX_M:  # the block decode + tl.dot, where inner_product may run another kernel
                 block = [timed(runs[bits][2], x, args.reps) for bits in args.bits]
                 gemv_vs_block.append(f"| {k}x{n} | {m} | " + " | ".join(f"{t:.1f}" for t in block) + " |")
         del wb, runs
@@ -137,7 +137,8 @@ def timing(args: argparse.Namespace) -> None:
     say()
     if gemv_vs_block:
         say(f"M <= {exl3_mv.FUSED_MAX_M} through the block decode + tl.dot kernel (`exl3_mv.fused_product`), us, "
-            f"for comparison with the kernel columns above (the lane-wise GEMV up to M = {exl3_mv.GEMV_MAX_M}):")
+            f"for comparison with the kernel columns above (which decode into mma fragments up to M = "
+            f"{exl3_mv.TC_MAX_M}, `exl3_tc.py`):")
         say()
         say("| K x N | M | " + " | ".join(f"{b}-bit block kernel" for b in args.bits) + " |")
         say("|---|---|" + "---|" * len(args.bits))

@@ -1,13 +1,14 @@
-"""EXL3's block decode on the GPU: the stream-order decode (``exl3_mv._stream_block``) against the per-element one
-it replaces, in the fused decode + ``tl.dot`` kernel and in the decode pass of the large-M route, at M = 1..256.
+"""EXL3's block decode on the GPU (``exl3_mv._stream_block``): the fused decode + ``tl.dot`` kernel over blocks and
+warps, and the decode pass + matmul of the large-M route, beside the shipped route, at M = 1..256.
 
     PYTHONPATH=src:benchmarks python benchmarks/gpu_exl3_block.py [--shapes 4096x14336,14336x4096] [--ms 1,4,16,64]
 
-Checks first, on CUDA: both decodes give the Torch layout's float16 inner weight bit for bit, and every fused
+Checks first, on CUDA: the decode gives the Torch layout's float16 inner weight bit for bit, and every fused
 launch timed equals the float64 product within 1e-5 (relative). Then us per call (median of CUDA graph replays over
-weight copies exceeding L2) beside bf16 ``F.linear``: the shipped route (``exl3_mv.inner_product``), the
-per-element fused kernel at its shipped block, the stream fused kernel over blocks (rows x k x n, warps), and
-the decode pass + float16 matmul with either decode. ``$OUT``, when set, receives ``gpu_exl3_block.md``.
+weight copies exceeding L2) beside bf16 ``F.linear``: the shipped route (``exl3_mv.inner_product``), the fused
+kernel over blocks (rows x k x n, warps), and the decode pass + float16 matmul. (Until 2026-12-08 it also timed the
+per-element decode the stream decode replaced: ``results/h100-gpu_exl3_block-2026-12-07.md``.) ``$OUT``, when
+set, receives ``gpu_exl3_block.md``.
 """
 
 from __future__ import annotations
@@ -37,15 +38,14 @@ def checks(gen: torch.Generator) -> int:
     from qlinear.layouts import exl3
 
     failed = 0
-    say("| bits codebook | stream decode == Torch layout | per-element decode == Torch layout |")
-    say("|---|---|---|")
+    say("| bits codebook | decode == Torch layout |")
+    say("|---|---|")
     for bits, cb in itertools.product(range(1, 9), exl3.CODEBOOKS):
         tr = torch.randint(-(1 << 15), 1 << 15, (64, 48, 16 * bits), device=DEV, dtype=torch.int16, generator=gen)
         want = exl3.inner_weight(tr.cpu(), bits, exl3.codebook_table(cb)).view(torch.int16)
-        ok = [torch.equal(exl3_mv.decode_inner(tr, bits, cb, stream=s).cpu().view(torch.int16), want)
-              for s in (True, False)]
-        failed += ok.count(False)
-        say(f"| {bits} {cb} | {ok[0]} | {ok[1]} |")
+        ok = torch.equal(exl3_mv.decode_inner(tr, bits, cb).cpu().view(torch.int16), want)
+        failed += not ok
+        say(f"| {bits} {cb} | {ok} |")
     say()
     return failed
 
@@ -63,15 +63,11 @@ def timing(args, gen: torch.Generator) -> int:
         inner64 = exl3.inner_weight(trs[0].cpu(), bits, exl3.codebook_table(cb)).double().to(DEV)
         wb = bf16_baseline(k, n, gen)
         runs = {"shipped route": lambda v, t, b=bits, c=cb: exl3_mv.inner_product(v, t, b, c, sms),
-                "per-element fused 16x32x128 w4": lambda v, t, b=bits, c=cb: exl3_mv.fused_product(v, t, b, c, sms,
-                                                                                                   stream=False),
-                "decode (stream) + matmul": lambda v, t, b=bits, c=cb: v @ exl3_mv.decode_inner(t, b, c),
-                "decode (per-element) + matmul": lambda v, t, b=bits, c=cb: v @ exl3_mv.decode_inner(t, b, c,
-                                                                                                     stream=False)}
+                "decode + matmul": lambda v, t, b=bits, c=cb: v @ exl3_mv.decode_inner(t, b, c)}
         say(f"## {k}x{n}, {bits}-bit {cb}: us per call (/ bf16)")
         say()
-        say("| M | bf16 | " + " | ".join(runs) + " | best stream fused (rows x k x n, warps) | its us (/ bf16) | "
-            "stream fused at the shipped block |")
+        say("| M | bf16 | " + " | ".join(runs) + " | best fused (rows x k x n, warps) | its us (/ bf16) | "
+            "fused at the shipped block |")
         say("|---" * (len(runs) + 5) + "|")
         for m in args.ms:
             x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
@@ -115,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         failed[0] += timing(args, gen)
         say(f"{failed[0]} check(s) failed")
 
-    run("gpu_exl3_block", "EXL3 block decode: stream order against per element", argv, args.out, body)
+    run("gpu_exl3_block", "EXL3 block decode: the fused kernel over blocks, and decode + matmul", argv, args.out, body)
     return 1 if failed[0] else 0
 
 

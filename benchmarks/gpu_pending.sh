@@ -90,9 +90,13 @@ run exl3_codebooks 200 python benchmarks/gpu_exl3_parts.py --no-transforms --sha
 # results/h100-gpu_producer_kernels-2026-12-07.md); launches of 2 / 4 rows a program over the M = 1 sweep's shapes
 run exl3_rows 150 python benchmarks/gpu_exl3_parts.py --no-transforms --shapes 4096x14336,14336x4096 --bits 4,2 --m 4 \
     --splits 1,2 --row-blocks 4,2
-# EXL3's block decode in stream order (2026-12-07, fourth session): both decodes bit for bit on CUDA, then the fused
-# kernel over blocks and warps and the decode + matmul route against the per-element decode and the shipped route.
-# Ran on an H100 for 4096x14336 at M = 1, 4, 16, 64, 256 (results/h100-gpu_exl3_block-2026-12-07.md), which set
-# exl3_mv's GEMV_MAX_M / FUSED_MAX_M / BLOCK_*; still to time: 14336x4096, M = 8 and 32 (inferred), the H200
-run exl3_block 570 python benchmarks/gpu_exl3_block.py --ms 1,4,8,16,32,64,128,256
+# EXL3's block decode in stream order (2026-12-07, fourth session): the fused kernel over blocks and warps and the
+# decode + matmul route. Ran on an H100 for 4096x14336 at M = 1, 4, 16, 64, 256 (results/h100-gpu_exl3_block-2026-12-07.md),
+# which set exl3_mv's FUSED_MAX_M / BLOCK_*; since 2026-12-08 M <= 32 go to exl3_tc, so what is left to time is the
+# fused kernel's own range (33..64) and the crossover to decode + matmul, on both shapes and the H200
+run exl3_block 300 python benchmarks/gpu_exl3_block.py --ms 33,48,64,96,128 --no-check
+# EXL3 decoded straight into mma fragments (exl3_tc.py, Gluon; 2026-12-08): every width x codebook against float64,
+# then the launch sweep beside the GEMV and the fused kernel (ran on an H100: results/h100-gpu_exl3_tc-2026-12-08.md);
+# the H200's own
+run exl3_tc 200 python benchmarks/gpu_exl3_tc.py
 exit $status

@@ -8,20 +8,19 @@ A process that has run Triton's interpreter keeps Triton's language patched for 
 from __future__ import annotations
 
 #: case -> (kernel name, constexprs, pointer types)
-_MV = {"x_ptr": "*fp16", "tr_ptr": "*i16", "y_ptr": "*fp32"}
-_MV32 = {"x_ptr": "*fp16", "tr_ptr": "*i32", "y_ptr": "*fp32"}
+_MV = {"x_ptr": "*fp16", "tr_ptr": "*i32", "y_ptr": "*fp32"}
 _GEMV = {"x_ptr": "*i32", "u_ptr": "*i32", "y_ptr": "*fp32"}
 CASES = {
     "mv-2bit-3inst-atomic": ("exl3_mv_kernel", dict(BITS=2, CB=0, BM=16, BK=64, BN=64, ATOMIC=True, ASM=True,
-                                                    STREAM=True, TWO_WORDS=True), _MV32),
-    "mv-3bit-mcg-element": ("exl3_mv_kernel", dict(BITS=3, CB=1, BM=16, BK=32, BN=128, ATOMIC=False, ASM=True,
-                                                   STREAM=False, TWO_WORDS=True), _MV),
+                                                    TWO_WORDS=True), _MV),
+    "mv-3bit-mcg": ("exl3_mv_kernel", dict(BITS=3, CB=1, BM=16, BK=32, BN=128, ATOMIC=False, ASM=True,
+                                           TWO_WORDS=True), _MV),
     "mv-5bit-mul1-atomic": ("exl3_mv_kernel", dict(BITS=5, CB=2, BM=64, BK=32, BN=128, ATOMIC=True, ASM=True,
-                                                   STREAM=True, TWO_WORDS=False), _MV32),
-    "decode-4bit-mul1": ("exl3_decode_kernel", dict(BITS=4, CB=2, BK=64, BN=64, ASM=True, STREAM=True,
-                                                    TWO_WORDS=True), {"tr_ptr": "*i32", "w_ptr": "*fp16"}),
-    "decode-6bit-3inst-element": ("exl3_decode_kernel", dict(BITS=6, CB=0, BK=64, BN=64, ASM=True, STREAM=False,
-                                                            TWO_WORDS=False), {"tr_ptr": "*i16", "w_ptr": "*fp16"}),
+                                                   TWO_WORDS=False), _MV),
+    "decode-4bit-mul1": ("exl3_decode_kernel", dict(BITS=4, CB=2, BK=64, BN=64, ASM=True, TWO_WORDS=True),
+                         {"tr_ptr": "*i32", "w_ptr": "*fp16"}),
+    "decode-6bit-3inst": ("exl3_decode_kernel", dict(BITS=6, CB=0, BK=64, BN=64, ASM=True, TWO_WORDS=False),
+                          {"tr_ptr": "*i32", "w_ptr": "*fp16"}),
     "gemv-4bit-3inst-atomic": ("exl3_gemv_kernel", dict(BITS=4, CB=0, NTN=32, TWO_WORDS=True, ATOMIC=True,
                                                         PREFETCH=True, MB=1, ASM=True), _GEMV),
     "gemv-6bit-mul1": ("exl3_gemv_kernel", dict(BITS=6, CB=2, NTN=8, TWO_WORDS=False, ATOMIC=False,

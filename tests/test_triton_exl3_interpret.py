@@ -44,11 +44,10 @@ def trellis(k: int, n: int, bits: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize(("bits", "cb"), [(1, "mul1"), (2, "3inst"), (3, "mcg"), (4, "3inst"), (5, "mul1"),
                                           (6, "mcg"), (7, "3inst"), (8, "mul1")])
-@pytest.mark.parametrize("stream", [True, False])
-def test_decode_is_bit_exact(mv, bits: int, cb: str, stream: bool) -> None:
-    """Both block decodes: stream order (``_stream_block``, shipped) and per element (kept for the side by side)."""
+def test_decode_is_bit_exact(mv, bits: int, cb: str) -> None:
+    """The block decode in stream order (``_stream_block``)."""
     tr = trellis(128, 256, bits, seed=bits)
-    ours = mv.decode_inner(tr, bits, cb, stream=stream)
+    ours = mv.decode_inner(tr, bits, cb)
     assert torch.equal(ours.view(torch.int16), exl3.inner_weight(tr, bits, exl3.codebook_table(cb)).view(torch.int16))
 
 
@@ -98,15 +97,14 @@ def test_product_matches(mv, m: int, sms: int) -> None:
     torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
 
 
-@pytest.mark.parametrize(("bits", "cb", "block", "stream"), [(5, "mul1", (32, 32, 64), True),
-                                                          (2, "3inst", (16, 64, 64), False),
-                                                          (8, "mcg", (64, 32, 128), True)])
-def test_fused_blocks_match_float64(mv, bits: int, cb: str, block: tuple[int, int, int], stream: bool) -> None:
-    """The fused kernel at blocks other than the shipped one (the GPU sweep's), three-word windows (5 and 8 bits),
-    and the per-element decode kept for the side by side."""
+@pytest.mark.parametrize(("bits", "cb", "block"), [(5, "mul1", (32, 32, 64)), (2, "3inst", (16, 64, 64)),
+                                                   (8, "mcg", (64, 32, 128))])
+def test_fused_blocks_match_float64(mv, bits: int, cb: str, block: tuple[int, int, int]) -> None:
+    """The fused kernel at blocks other than the shipped one (the GPU sweep's) and three-word windows (5 and 8
+    bits)."""
     tr = trellis(256, 256, bits, seed=bits)
     xh = torch.randn(20, 256, generator=torch.Generator().manual_seed(bits)).half()
-    y = mv.fused_product(xh, tr, bits, cb, 2, block=block, stream=stream)
+    y = mv.fused_product(xh, tr, bits, cb, 2, block=block)
     ref = xh.double() @ exl3.inner_weight(tr, bits, exl3.codebook_table(cb)).double()
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
 

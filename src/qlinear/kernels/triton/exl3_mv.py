@@ -4,11 +4,11 @@ GEMV of ``exl3_gemv.py`` below), a decode-to-float16 pass and one matmul above.
 
 Both decode a ``[BK, BN]`` block of the inner weight straight from the int16 trellis (``layouts/exl3.py``) in
 stream order (``_stream_block``): each lane's 8 consecutive states come from 2-3 int32 words loaded once, as in
-the GEMV, and the block is placed by a reshape and a permute that the layout change into ``tl.dot`` absorbs. The
-per-element decode it replaced (``_block_offsets`` / ``_decode``: for the weight at tile row ``r`` / column ``c``
-the stream position from the mma fragment order, two int16 loads, a shift) stays selectable (``stream=False``)
-for the side by side; offline sm_90 SASS at 16 x 32 x 128, 4 warps: 2-bit 18.9 -> 11.5 instructions and 2.1 ->
-0.44 global loads per weight, 229 -> 80 registers; 4-bit 12.5 -> 11.6 and 0.88 -> 0.44. Either way the codebook
+the GEMV, and the block is placed by a reshape and a permute that the layout change into ``tl.dot`` absorbs. It
+replaced a per-element decode (for each weight its stream position, two int16 loads, a shift; removed after
+f54c3c1): offline sm_90 SASS at 16 x 32 x 128, 4 warps: 2-bit 18.9 -> 11.5 instructions and 2.1 -> 0.44 global
+loads per weight, 229 -> 80 registers; 4-bit 12.5 -> 11.6 and 0.88 -> 0.44; on an H100 the fused kernel 1.5-1.8x
+faster at M <= 16 and the decode pass 1.2x (``results/h100-gpu_exl3_block-2026-12-07.md``). The codebook
 turns a state into the float16 value exllamav3's ``decode_3inst<cb>`` gives (one rounding of the exact float32
 result). The input and output transforms around the product are butterflies of their own (``hadamard.py``).
 """
@@ -22,30 +22,6 @@ import triton.language as tl
 from ...layouts.exl3 import CODEBOOKS
 from .exl3_codebook import codebook_value
 from .exl3_gemv import gemv_product, lane_first_bit, two_words
-
-
-@triton.jit
-def _block_offsets(n0, n_tiles, BITS: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr):
-    """Per element of a ``[BK, BN]`` block at rows ``0:BK``, columns ``n0:n0+BN``: the offsets of the two int16
-    words holding its state and the right shift that aligns it. The same for every K step (add ``k0 / 16`` tile
-    rows to the base pointer), so they are computed once per program."""
-    kk = tl.arange(0, BK)
-    n = n0 + tl.arange(0, BN)
-    r = (kk % 16)[:, None]
-    c = (n % 16)[None, :]
-    t = ((c % 8) * 4 + (r % 8) // 2) * 8 + (c // 8) * 4 + (r // 8) * 2 + (r % 2)  # stream position
-    start = ((t + 1) * BITS + (256 * BITS - 16)) % (256 * BITS)  # first bit of the state (tile of 256 BITS bits)
-    w = start // 16
-    tile = ((kk // 16)[:, None] * n_tiles + (n // 16)[None, :]) * (16 * BITS)
-    return tile + (w ^ 1), tile + (((w + 1) % (16 * BITS)) ^ 1), (16 - start % 16).to(tl.uint32)
-
-
-@triton.jit
-def _decode(tr_ptr, off0, off1, shift, CB: tl.constexpr, ASM: tl.constexpr):
-    """float16 values of the states at ``tr_ptr + off0`` / ``off1`` (see ``_block_offsets``)."""
-    w0 = tl.load(tr_ptr + off0).to(tl.uint16, bitcast=True).to(tl.uint32)
-    w1 = tl.load(tr_ptr + off1).to(tl.uint16, bitcast=True).to(tl.uint32)
-    return codebook_value((((w0 << 16) | w1) >> shift) & 0xFFFF, CB, ASM)
 
 
 @triton.jit
@@ -79,25 +55,19 @@ def _stream_block(u_ptr, kt0, nt0, n_tiles, BITS: tl.constexpr, CB: tl.constexpr
 @triton.jit
 def exl3_mv_kernel(x_ptr, tr_ptr, y_ptr, M, K, n_tiles, k_split, stride_xm, stride_ym,
                    BITS: tl.constexpr, CB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
-                   ATOMIC: tl.constexpr, ASM: tl.constexpr, STREAM: tl.constexpr, TWO_WORDS: tl.constexpr):
-    """``y[M, N] (+)= xh[M, K] @ inner[K, N]``: float16 operands, float32 sums; program (n block, K split, M block).
-    ``STREAM``: decode with ``_stream_block`` (``tr_ptr`` an int32 view), else per element (int16)."""
+                   ATOMIC: tl.constexpr, ASM: tl.constexpr, TWO_WORDS: tl.constexpr):
+    """``y[M, N] (+)= xh[M, K] @ inner[K, N]``: float16 operands, float32 sums; program (n block, K split, M block);
+    ``tr_ptr`` the int32 view of the trellis."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
     m = pid_m * BM + tl.arange(0, BM)
     n0 = pid_n * BN
-    if not STREAM:
-        off0, off1, shift = _block_offsets(n0, n_tiles, BITS, BK, BN)
     kk = tl.arange(0, BK)
     x_rows = x_ptr + m[:, None] * stride_xm + kk[None, :]
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    k_step = (BK // 16) * n_tiles * 16 * BITS  # int16 words per BK rows
     for k0 in range(pid_k * k_split, tl.minimum(K, (pid_k + 1) * k_split), BK):
-        if STREAM:
-            wt = _stream_block(tr_ptr, k0 // 16, n0 // 16, n_tiles, BITS, CB, BK // 16, BN // 16, TWO_WORDS, ASM)
-        else:
-            wt = _decode(tr_ptr + (k0 // BK) * k_step, off0, off1, shift, CB, ASM)
+        wt = _stream_block(tr_ptr, k0 // 16, n0 // 16, n_tiles, BITS, CB, BK // 16, BN // 16, TWO_WORDS, ASM)
         xt = tl.load(x_rows + k0, mask=m[:, None] < M, other=0.0)
         acc += tl.dot(xt, wt)
     n = n0 + tl.arange(0, BN)
@@ -110,16 +80,12 @@ def exl3_mv_kernel(x_ptr, tr_ptr, y_ptr, M, K, n_tiles, k_split, stride_xm, stri
 
 @triton.jit
 def exl3_decode_kernel(tr_ptr, w_ptr, n_tiles, BITS: tl.constexpr, CB: tl.constexpr, BK: tl.constexpr,
-                       BN: tl.constexpr, ASM: tl.constexpr, STREAM: tl.constexpr, TWO_WORDS: tl.constexpr):
-    """The float16 inner weight ``[K, N]`` (row-major), one ``[BK, BN]`` block per program (``STREAM``: as in
+                       BN: tl.constexpr, ASM: tl.constexpr, TWO_WORDS: tl.constexpr):
+    """The float16 inner weight ``[K, N]`` (row-major), one ``[BK, BN]`` block per program (``tr_ptr``: as in
     ``exl3_mv_kernel``)."""
     k0 = tl.program_id(1) * BK
     n0 = tl.program_id(0) * BN
-    if STREAM:
-        wt = _stream_block(tr_ptr, k0 // 16, n0 // 16, n_tiles, BITS, CB, BK // 16, BN // 16, TWO_WORDS, ASM)
-    else:
-        off0, off1, shift = _block_offsets(n0, n_tiles, BITS, BK, BN)
-        wt = _decode(tr_ptr + (k0 // 16) * n_tiles * 16 * BITS, off0, off1, shift, CB, ASM)
+    wt = _stream_block(tr_ptr, k0 // 16, n0 // 16, n_tiles, BITS, CB, BK // 16, BN // 16, TWO_WORDS, ASM)
     k = k0 + tl.arange(0, BK)
     n = n0 + tl.arange(0, BN)
     tl.store(w_ptr + k[:, None] * (n_tiles * 16) + n[None, :], wt)
@@ -167,17 +133,16 @@ def check_trellis(trellis: torch.Tensor, bits: int, codebook: str) -> None:
         raise ValueError(f"exl3_mv: codebook: expected one of {', '.join(CODEBOOKS)}, found {codebook!r}")
 
 
-def decode_inner(trellis: torch.Tensor, bits: int, codebook: str, stream: bool = True) -> torch.Tensor:
-    """float16 ``[K, N]`` inner weight of an int16 trellis ``[K/16, N/16, 16 bits]`` (transient; ``stream``: decode
-    with ``_stream_block``, else per element)."""
+def decode_inner(trellis: torch.Tensor, bits: int, codebook: str) -> torch.Tensor:
+    """float16 ``[K, N]`` inner weight of an int16 trellis ``[K/16, N/16, 16 bits]`` (transient)."""
     check_trellis(trellis, bits, codebook)
     kt, nt = trellis.shape[:2]
     k, n = 16 * kt, 16 * nt
     bk, bn = _block(k, 64), _block(n, 64)
     w = torch.empty(k, n, dtype=torch.float16, device=trellis.device)
-    exl3_decode_kernel[(n // bn, k // bk)](trellis.view(torch.int32) if stream else trellis, w, nt, BITS=bits,
+    exl3_decode_kernel[(n // bn, k // bk)](trellis.view(torch.int32), w, nt, BITS=bits,
                                            CB=CODEBOOKS.index(codebook), BK=bk, BN=bn, ASM=trellis.is_cuda,
-                                           STREAM=stream, TWO_WORDS=two_words(bits))
+                                           TWO_WORDS=two_words(bits))
     return w
 
 
@@ -213,10 +178,10 @@ def inner_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: 
 
 
 def fused_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str, sms: int,
-                  block: tuple[int, int, int] | None = None, warps: int = 4, stream: bool = True) -> torch.Tensor:
+                  block: tuple[int, int, int] | None = None, warps: int = 4) -> torch.Tensor:
     """``inner_product`` through the block decode and ``tl.dot`` (any M; served up to ``FUSED_MAX_M``). ``block``
     (rows, k, n; powers of two, k and n multiples of 16) and ``warps`` override ``fused_rows``, ``BLOCK_K``,
-    ``BLOCK_N``; ``stream``: decode with ``_stream_block``, else per element (both kept for the side by side)."""
+    ``BLOCK_N``."""
     m, k = xh.shape
     nt = trellis.shape[1]
     n = 16 * nt
@@ -229,8 +194,8 @@ def fused_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: 
         split *= 2
     k_split = k // split
     y = (torch.zeros if split > 1 else torch.empty)(m, n, dtype=torch.float32, device=xh.device)
-    exl3_mv_kernel[(n // bn, split, -(-m // bm))](xh, trellis.view(torch.int32) if stream else trellis, y, m, k, nt,
-                                                  k_split, xh.stride(0), y.stride(0), BITS=bits, CB=cb, BM=bm,
-                                                  BK=bk, BN=bn, ATOMIC=split > 1, ASM=xh.is_cuda, STREAM=stream,
-                                                  TWO_WORDS=two_words(bits), num_warps=warps)
+    exl3_mv_kernel[(n // bn, split, -(-m // bm))](xh, trellis.view(torch.int32), y, m, k, nt, k_split,
+                                                  xh.stride(0), y.stride(0), BITS=bits, CB=cb, BM=bm, BK=bk, BN=bn,
+                                                  ATOMIC=split > 1, ASM=xh.is_cuda, TWO_WORDS=two_words(bits),
+                                                  num_warps=warps)
     return y
