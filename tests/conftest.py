@@ -11,8 +11,8 @@ GOLDEN = Path(__file__).parent / "golden"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/* from the current output")
-    parser.addoption("--fuzz-inputs", type=int, default=8_000,
-                     help="mutated inputs per reader in tests/fuzz (the seed corpus always runs too); 8,000 keeps "
+    parser.addoption("--fuzz-inputs", type=int, default=5_000,
+                     help="mutated inputs per reader in tests/fuzz (the seed corpus always runs too); 5,000 keeps "
                           "CI under its 25 minutes on a slow runner, --fuzz-inputs 20000 for a longer run")
 
 

@@ -10,14 +10,6 @@ from __future__ import annotations
 import json
 import re
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from triton.tools.disasm import get_sass
-
-from qlinear.kernels.triton.exl3_gemv import two_words
-from qlinear.kernels.triton.exl3_tc import exl3_tc_kernel
-
 PTRS = {"x_ptr": "*fp16", "u_ptr": "*i32", "y_ptr": "*fp32"}
 #: case -> (bits, codebook index, n tiles, k tiles a step, rows, warps, atomic): the shipped launches (8 x 4 x 4 up
 #: to 8 rows, 8 x 2 x 2 above), a three-word width, one row block of 32
@@ -34,6 +26,14 @@ LABEL = re.compile(r"^\s*(\w+):")
 
 
 def facts(bits: int, cb: int, nt: int, kt: int, bm: int, warps: int, atomic: bool) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.tools.disasm import get_sass
+
+    from qlinear.kernels.triton.exl3_gemv import two_words
+    from qlinear.kernels.triton.exl3_tc import exl3_tc_kernel
+
     consts = dict(BITS=bits, CB=cb, NT=nt, KT=kt, BM=bm, TWO_WORDS=two_words(bits), ATOMIC=atomic, WARPS=warps)
     names = exl3_tc_kernel.arg_names
     sig = {a: "constexpr" if a in consts else PTRS.get(a, "i32") for a in names}

@@ -6,12 +6,19 @@ GPU (``benchmarks/gpu_exl3_tc.py``, every width x codebook against float64)."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.exl3_tc_sm90_compile import CASES
 from tests.sm90_facts import compile_facts
 
 
-def test_decode_reaches_the_mma_without_moving() -> None:
-    f = compile_facts("exl3_tc_sm90_compile.py")
+@pytest.fixture(scope="module")
+def facts() -> dict:
+    return compile_facts("exl3_tc_sm90_compile.py")
+
+
+def test_decode_reaches_the_mma_without_moving(facts: dict) -> None:
+    f = facts
     assert set(f) == set(CASES), f
     for name, (_bits, _cb, nt, kt, bm, warps, _atomic) in CASES.items():
         got = f[name]
@@ -21,9 +28,9 @@ def test_decode_reaches_the_mma_without_moving() -> None:
         assert got["loop_HMMA"] == nt // warps * kt * bm // 8, (name, got)
 
 
-def test_a_step_costs_about_what_the_gemv_decode_does() -> None:
+def test_a_step_costs_about_what_the_gemv_decode_does(facts: dict) -> None:
     """The loop's instructions per weight a thread decodes: the one-row GEMV compiles to about 9 at 2 bits
     (``exl3_gemv.py``); the fragment kernel has no FMAs per weight, so the few-row launch must not exceed it."""
-    got = compile_facts("exl3_tc_sm90_compile.py")["2bit-3inst-few"]
+    got = facts["2bit-3inst-few"]
     per_weight = got["loop_instructions"] / got["weights_per_thread_step"]
     assert 2 < per_weight < 9.5, got
