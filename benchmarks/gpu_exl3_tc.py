@@ -27,10 +27,10 @@ from gpu_report import parse as parse_args
 
 SHAPES = ((4096, 14336), (14336, 4096))
 DEV = torch.device("cuda")
-#: (n tiles, k tiles a step, warps, programs per SM) of the sweep
-LAUNCHES = ((8, 2, 4, 16), (8, 1, 4, 16), (8, 4, 4, 16), (16, 2, 4, 16), (4, 2, 4, 16), (8, 2, 2, 16),
-            (8, 2, 4, 32))
-WIDTHS = ((2, "3inst"), (4, "3inst"), (2, "mul1"))
+#: (n tiles, k tiles a step, warps, programs per SM, paired codebook PTX) of the sweep
+LAUNCHES = ((8, 4, 4, 16, True), (8, 4, 4, 16, False), (8, 2, 2, 16, True), (8, 2, 2, 16, False),
+            (16, 2, 4, 16, True), (8, 2, 4, 16, True))
+WIDTHS = ((2, "3inst"), (4, "3inst"), (2, "mul1"), (2, "mcg"))
 
 
 def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -43,17 +43,23 @@ def checks(gen: torch.Generator) -> int:
 
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     failed = 0
-    say("| bits codebook | worst relative error over M = 3, 40 x two launches (<= 1e-5) |")
-    say("|---|---|")
+    say("| bits codebook | worst relative error over M = 3, 40 x two launches (<= 1e-5) | decode bit-exact (rows of "
+        "the identity give the weight's rows), paired PTX / plain |")
+    say("|---|---|---|")
+    eye = torch.eye(1024, device=DEV, dtype=torch.float16)
     for bits, cb in itertools.product(range(1, 9), exl3.CODEBOOKS):
         tr = torch.randint(-(1 << 15), 1 << 15, (64, 48, 16 * bits), device=DEV, dtype=torch.int16, generator=gen)
-        inner = exl3.inner_weight(tr.cpu(), bits, exl3.codebook_table(cb)).double().to(DEV)
+        inner16 = exl3.inner_weight(tr.cpu(), bits, exl3.codebook_table(cb)).to(DEV)
+        inner = inner16.double()
         worst = 0.0
         for m, launch in itertools.product((3, 40), ({"split": 4}, {"warps": 2, "tiles_n": 4, "tiles_k": 4})):
             xh = torch.randn(m, 1024, device=DEV, generator=gen).half()
             worst = max(worst, rel(exl3_tc.tc_product(xh, tr, bits, cb, sms, **launch), xh.double() @ inner))
-        failed += not worst <= 1e-5
-        say(f"| {bits} {cb} | {worst:.2e} |")
+        exact = [all(torch.equal(exl3_tc.tc_product(eye[k0:k0 + 32], tr, bits, cb, sms, pairs=p).half()
+                                 .view(torch.int16), inner16[k0:k0 + 32].view(torch.int16))
+                     for k0 in range(0, 1024, 32)) for p in (True, False)]
+        failed += (not worst <= 1e-5) + exact.count(False)
+        say(f"| {bits} {cb} | {worst:.2e} | {exact[0]} / {exact[1]} |")
     say()
     return failed
 
@@ -72,8 +78,8 @@ def timing(args, gen: torch.Generator) -> int:
         wb = bf16_baseline(k, n, gen)
         say(f"## {k}x{n}, {bits}-bit {cb}: us per call (/ bf16)")
         say()
-        say("| M | bf16 | shipped route | GEMV | fused (Triton) | best tc (n tiles, k tiles, warps, per SM) | "
-            f"tc at {exl3_tc.LAUNCH} |")
+        say("| M | bf16 | shipped route | GEMV | fused (Triton) | best tc (n tiles, k tiles, warps, per SM, pairs) | "
+            "tc at the shipped launch |")
         say("|---" * 7 + "|")
         for m in args.ms:
             x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
@@ -90,17 +96,19 @@ def timing(args, gen: torch.Generator) -> int:
                     continue
                 cells[name] = f"{timed([lambda v, t=t, f=f: f(v, t) for t in trs], xh, args.reps):.1f}"
             tc = {}
-            for nt_, kt_, w, per in LAUNCHES:
-                def f(v, t, nt_=nt_, kt_=kt_, w=w, per=per, b=bits, c=cb):
-                    return exl3_tc.tc_product(v, t, b, c, sms, tiles_n=nt_, tiles_k=kt_, warps=w, per_sm=per)
+            for nt_, kt_, w, per, pairs in LAUNCHES:
+                def f(v, t, nt_=nt_, kt_=kt_, w=w, per=per, pairs=pairs, b=bits, c=cb):
+                    return exl3_tc.tc_product(v, t, b, c, sms, tiles_n=nt_, tiles_k=kt_, warps=w, per_sm=per,
+                                              pairs=pairs)
                 err = rel(f(xh, trs[0]), ref)
                 if not err <= 1e-5:
-                    say(f"<!-- WRONG {k}x{n} {bits} {cb} M={m} {(nt_, kt_, w, per)}: {err:.2e} -->")
+                    say(f"<!-- WRONG {k}x{n} {bits} {cb} M={m} {(nt_, kt_, w, per, pairs)}: {err:.2e} -->")
                     failed += 1
                     continue
-                tc[(nt_, kt_, w, per)] = timed([lambda v, t=t, f=f: f(v, t) for t in trs], xh, args.reps)
+                tc[(nt_, kt_, w, per, pairs)] = timed([lambda v, t=t, f=f: f(v, t) for t in trs], xh, args.reps)
             best = min(tc, key=tc.get)
-            shipped = tc.get((*exl3_tc.LAUNCH, exl3_tc.PROGRAMS_PER_SM))
+            launch = exl3_tc.LAUNCH_FEW if exl3_tc.tc_rows(m) <= 8 else exl3_tc.LAUNCH
+            shipped = tc.get((*launch, exl3_tc.PROGRAMS_PER_SM, exl3_tc.PAIRS))
             say(f"| {m} | {tb:.1f} | " + " | ".join(c if c == "-" else f"{c} ({float(c) / tb:.2f})"
                                                   for c in cells.values())
                 + f" | {best} {tc[best]:.1f} ({tc[best] / tb:.2f}) | " + (f"{shipped:.1f}" if shipped else "-") + " |")
@@ -112,7 +120,7 @@ def timing(args, gen: torch.Generator) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser(__doc__, SHAPES, (1, 4, 8, 16, 32, 64), reps=20)
+    p = parser(__doc__, SHAPES, (1, 4, 8, 16, 32), reps=20)
     args = parse_args(p, argv)
     gen = torch.Generator(device=DEV).manual_seed(3)
     return checks_then_timing("gpu_exl3_tc", "EXL3 into mma fragments (Gluon) against the GEMV and fused kernel",

@@ -22,10 +22,10 @@ CASES = {
 }
 OPS = ("HMMA", "LDS", "STS", "SHFL", "LDL", "STL", "LDG", "BAR.SYNC")
 BRANCH = re.compile(r"\bBRA\s+(\w+);")
-LABEL = re.compile(r"^\s*(\w+):")
+LABEL = re.compile(r"^\s*([A-Za-z_.]\w*):\s*$")  # a label alone on its line (not a scoreboard prefix "01:-:...")
 
 
-def facts(bits: int, cb: int, nt: int, kt: int, bm: int, warps: int, atomic: bool) -> dict:
+def facts(bits: int, cb: int, nt: int, kt: int, bm: int, warps: int, atomic: bool, pairs: bool = True) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -34,10 +34,12 @@ def facts(bits: int, cb: int, nt: int, kt: int, bm: int, warps: int, atomic: boo
     from qlinear.kernels.triton.exl3_gemv import two_words
     from qlinear.kernels.triton.exl3_tc import exl3_tc_kernel
 
-    consts = dict(BITS=bits, CB=cb, NT=nt, KT=kt, BM=bm, TWO_WORDS=two_words(bits), ATOMIC=atomic, WARPS=warps)
+    consts = dict(BITS=bits, CB=cb, NT=nt, KT=kt, BM=bm, TWO_WORDS=two_words(bits), ATOMIC=atomic, WARPS=warps,
+                  PAIRS=pairs)
     names = exl3_tc_kernel.arg_names
     sig = {a: "constexpr" if a in consts else PTRS.get(a, "i32") for a in names}
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in PTRS}
+    # pointers and the row stride 16-aligned, as a launch with K % 16 == 0 specializes them
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in PTRS or a == "stride_xm"}
     c = triton.compile(GluonASTSource(exl3_tc_kernel, sig, constexprs=consts, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     sass = get_sass(c.asm["cubin"])

@@ -23,7 +23,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from ...layouts.exl3 import CODEBOOKS
-from .exl3_codebook import codebook_value
+from .exl3_codebook import codebook_pairs, codebook_value
 from .exl3_gemv import two_words
 
 
@@ -36,7 +36,7 @@ def _first_bit(lane, BITS: gl.constexpr):
 @gluon.jit
 def exl3_tc_kernel(x_ptr, u_ptr, y_ptr, M, n_tiles, kt_split, stride_xm, stride_ym,
                    BITS: gl.constexpr, CB: gl.constexpr, NT: gl.constexpr, KT: gl.constexpr, BM: gl.constexpr,
-                   TWO_WORDS: gl.constexpr, ATOMIC: gl.constexpr, WARPS: gl.constexpr):
+                   TWO_WORDS: gl.constexpr, ATOMIC: gl.constexpr, WARPS: gl.constexpr, PAIRS: gl.constexpr):
     """``y[M, N] (+)= xh[M, K] @ inner[K, N]`` for n tiles ``pid_n * NT ..``, k tiles ``pid_k * kt_split ..`` (``KT``
     a step), rows ``pid_m * BM ..``; ``u_ptr`` the int32 view of the trellis, ``y_ptr`` float32 contiguous."""
     WORDS: gl.constexpr = 8 * BITS  # int32 words per tile
@@ -85,7 +85,8 @@ def exl3_tc_kernel(x_ptr, u_ptr, y_ptr, M, n_tiles, kt_split, stride_xm, stride_
         else:
             win12 = gl.expand_dims((w1 << 32) | c2.to(gl.uint32, bitcast=True).to(gl.uint64), 3)
             st = gl.where(rel <= 48, win01 >> (48 - rel).to(gl.uint64), win12 >> (80 - rel).to(gl.uint64))
-        v = codebook_value(st.to(gl.uint32) & 0xFFFF, CB, True)  # [NT, KT, 32, 8] float16
+        st = st.to(gl.uint32)
+        v = codebook_pairs(st, CB) if PAIRS else codebook_value(st & 0xFFFF, CB, True)  # [NT, KT, 32, 8] float16
         v = gl.permute(gl.reshape(v, (NT, KT, 8, 4, 2, 2, 2)), (0, 4, 2, 1, 5, 3, 6))  # nt s2 cq | kt s1 q s0
         a = gl.convert_layout(gl.reshape(v, (16 * NT, 16 * KT)), a_l, assert_trivial=True)
         xb = gl.load(x_at + k * 16, mask=x_live, other=0.0)
@@ -107,6 +108,8 @@ def exl3_tc_kernel(x_ptr, u_ptr, y_ptr, M, n_tiles, kt_split, stride_xm, stride_
 #: and 32; 4 warps cost 1.08-1.12 at M = 32, the accumulators being twice as many a thread).
 LAUNCH_FEW = (8, 4, 4)
 LAUNCH = (8, 2, 2)
+#: Decode two states an instruction sequence with the last step in f16x2 (``exl3_codebook.codebook_pairs``).
+PAIRS = True
 #: Programs per SM the K split aims for, as the GEMV's (``exl3_gemv.PROGRAMS_PER_SM``).
 PROGRAMS_PER_SM = 16
 #: Fewest k tiles a program sums before the launcher stops splitting K.
@@ -120,11 +123,12 @@ def tc_rows(m: int) -> int:
 
 def tc_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str, sms: int,
                tiles_n: int | None = None, tiles_k: int | None = None, warps: int | None = None,
-               rows: int | None = None, split: int | None = None, per_sm: int = PROGRAMS_PER_SM) -> torch.Tensor:
+               rows: int | None = None, split: int | None = None, per_sm: int = PROGRAMS_PER_SM,
+               pairs: bool = PAIRS) -> torch.Tensor:
     """float32 ``xh [M, K] @ inner [K, N]`` on the tensor cores, CUDA only (``xh`` float16 with unit column stride,
     the trellis checked by ``exl3_mv.check_trellis``; ``sms``: SM count for the K split). ``tiles_n``,
-    ``tiles_k``, ``warps``, ``rows``, ``split`` and ``per_sm`` override ``LAUNCH_FEW`` / ``LAUNCH``, ``tc_rows`` and
-    the split rule, for sweeps."""
+    ``tiles_k``, ``warps``, ``rows``, ``split``, ``per_sm`` and ``pairs`` override ``LAUNCH_FEW`` / ``LAUNCH``,
+    ``tc_rows``, the split rule and ``PAIRS``, for sweeps."""
     kt, nt = trellis.shape[:2]
     m = xh.shape[0]
     bm = rows or tc_rows(m)
@@ -148,5 +152,5 @@ def tc_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str
                                                     xh.stride(0), y.stride(0), BITS=bits,
                                                     CB=CODEBOOKS.index(codebook), NT=ntn, KT=ktn, BM=bm,
                                                     TWO_WORDS=two_words(bits), ATOMIC=split > 1, WARPS=warps,
-                                                    num_warps=warps)
+                                                    PAIRS=pairs, num_warps=warps)
     return y
