@@ -108,8 +108,9 @@ def exl3_tc_kernel(x_ptr, u_ptr, y_ptr, M, n_tiles, kt_split, stride_xm, stride_
 #: and 32; 4 warps cost 1.08-1.12 at M = 32, the accumulators being twice as many a thread).
 LAUNCH_FEW = (8, 4, 4)
 LAUNCH = (8, 2, 2)
-#: Decode two states an instruction sequence with the last step in f16x2 (``exl3_codebook.codebook_pairs``).
-PAIRS = True
+#: Decode two states an instruction sequence with the last step in f16x2 (``exl3_codebook.codebook_pairs``); off
+#: until a GPU run has checked it bit for bit (``benchmarks/gpu_exl3_tc.py``) and timed it against the plain form.
+PAIRS = False
 #: Programs per SM the K split aims for, as the GEMV's (``exl3_gemv.PROGRAMS_PER_SM``).
 PROGRAMS_PER_SM = 16
 #: Fewest k tiles a program sums before the launcher stops splitting K.
