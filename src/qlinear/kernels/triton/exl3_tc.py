@@ -34,19 +34,20 @@ def _first_bit(lane, BITS: gl.constexpr):
 
 
 @gluon.jit
-def exl3_tc_kernel(x_ptr, u_ptr, y_ptr, M, n_tiles, kt_split, stride_xm, stride_ym,
-                   BITS: gl.constexpr, CB: gl.constexpr, NT: gl.constexpr, KT: gl.constexpr, BM: gl.constexpr,
-                   TWO_WORDS: gl.constexpr, ATOMIC: gl.constexpr, WARPS: gl.constexpr, PAIRS: gl.constexpr):
-    """``y[M, N] (+)= xh[M, K] @ inner[K, N]`` for n tiles ``pid_n * NT ..``, k tiles ``pid_k * kt_split ..`` (``KT``
-    a step), rows ``pid_m * BM ..``; ``u_ptr`` the int32 view of the trellis, ``y_ptr`` float32 contiguous."""
-    WORDS: gl.constexpr = 8 * BITS  # int32 words per tile
-    dec: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 1, 8], threads_per_warp=[1, 1, 32, 1],
-                                         warps_per_cta=[WARPS, 1, 1, 1], order=[3, 2, 1, 0])
-    words_l: gl.constexpr = gl.SliceLayout(3, dec)  # [NT, KT, 32]
-    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
-    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=acc_l, k_width=2)
+def decode_layout(WARPS: gl.constexpr):
+    """``[NT, KT, 32 lanes, 8 states]``: states in a thread's registers, lanes across the warp, n tiles across the
+    warps (tile ``i`` on warp ``i % WARPS``, as the mma A fragments put 16-row blocks)."""
+    return gl.BlockedLayout(size_per_thread=[1, 1, 1, 8], threads_per_warp=[1, 1, 32, 1],
+                            warps_per_cta=[WARPS, 1, 1, 1], order=[3, 2, 1, 0])
 
+
+@gluon.jit
+def lane_words(n_tiles, nt0, BITS: gl.constexpr, NT: gl.constexpr, KT: gl.constexpr, dec: gl.constexpr):
+    """Per lane of n tiles ``nt0 ..`` and ``KT`` k tiles from 0: the offsets of its 2-3 int32 words (add the step's
+    ``k tile * n_tiles * 8 BITS``), and ``rel`` ``[1, 1, 32, 8]``, each state's first bit counted from the first
+    word's most significant."""
+    WORDS: gl.constexpr = 8 * BITS
+    words_l: gl.constexpr = gl.SliceLayout(3, dec)  # [NT, KT, 32]
     lane = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, words_l)))
     first = gl.expand_dims(gl.expand_dims(_first_bit(lane, BITS) // 32, 0), 1)  # [1, 1, 32]
     lane_state: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, dec))  # [32, 8]
@@ -54,12 +55,51 @@ def exl3_tc_kernel(x_ptr, u_ptr, y_ptr, M, n_tiles, kt_split, stride_xm, stride_
     state = gl.arange(0, 8, layout=gl.SliceLayout(0, lane_state))
     rel = gl.expand_dims(_first_bit(lane2, BITS) % 32, 1) + gl.expand_dims(state, 0) * BITS
     rel = gl.expand_dims(gl.expand_dims(rel, 0), 0)  # [1, 1, 32, 8]
-    nt = gl.program_id(0) * NT + gl.arange(0, NT, layout=gl.SliceLayout(1, gl.SliceLayout(2, words_l)))
+    nt = nt0 + gl.arange(0, NT, layout=gl.SliceLayout(1, gl.SliceLayout(2, words_l)))
     kt = gl.arange(0, KT, layout=gl.SliceLayout(0, gl.SliceLayout(2, words_l)))
     tile = gl.expand_dims((gl.expand_dims(kt, 0) * n_tiles + gl.expand_dims(nt, 1)) * WORDS, 2)  # [NT, KT, 1]
-    o0 = tile + first
-    o1 = tile + (first + 1) % WORDS
-    o2 = tile + (first + 2) % WORDS
+    return tile + first, tile + (first + 1) % WORDS, tile + (first + 2) % WORDS, rel
+
+
+@gluon.jit
+def load_words(tp, o0, o1, o2, TWO_WORDS: gl.constexpr):
+    """A step's 2-3 words a lane (``tp``: the trellis pointer at the step's first k tile); the third is the second
+    again where two hold every state."""
+    w0 = gl.load(tp + o0)
+    w1 = gl.load(tp + o1)
+    return w0, w1, w1 if TWO_WORDS else gl.load(tp + o2)
+
+
+@gluon.jit
+def fragment(c0, c1, c2, rel, CB: gl.constexpr, NT: gl.constexpr, KT: gl.constexpr, TWO_WORDS: gl.constexpr,
+             PAIRS: gl.constexpr, a_l: gl.constexpr):
+    """The float16 A operand ``[16 NT, 16 KT]`` (``inner^T``: rows n, columns k) of a step's words, in ``a_l``
+    without moving (see the module docstring)."""
+    w1 = c1.to(gl.uint32, bitcast=True).to(gl.uint64)
+    win01 = gl.expand_dims((c0.to(gl.uint32, bitcast=True).to(gl.uint64) << 32) | w1, 3)
+    if TWO_WORDS:
+        st = win01 >> (48 - rel).to(gl.uint64)
+    else:
+        win12 = gl.expand_dims((w1 << 32) | c2.to(gl.uint32, bitcast=True).to(gl.uint64), 3)
+        st = gl.where(rel <= 48, win01 >> (48 - rel).to(gl.uint64), win12 >> (80 - rel).to(gl.uint64))
+    st = st.to(gl.uint32)
+    v = codebook_pairs(st, CB) if PAIRS else codebook_value(st & 0xFFFF, CB, True)  # [NT, KT, 32, 8] float16
+    v = gl.permute(gl.reshape(v, (NT, KT, 8, 4, 2, 2, 2)), (0, 4, 2, 1, 5, 3, 6))  # nt s2 cq | kt s1 q s0
+    return gl.convert_layout(gl.reshape(v, (16 * NT, 16 * KT)), a_l, assert_trivial=True)
+
+
+@gluon.jit
+def exl3_tc_kernel(x_ptr, u_ptr, y_ptr, M, n_tiles, kt_split, stride_xm, stride_ym,
+                   BITS: gl.constexpr, CB: gl.constexpr, NT: gl.constexpr, KT: gl.constexpr, BM: gl.constexpr,
+                   TWO_WORDS: gl.constexpr, ATOMIC: gl.constexpr, WARPS: gl.constexpr, PAIRS: gl.constexpr):
+    """``y[M, N] (+)= xh[M, K] @ inner[K, N]`` for n tiles ``pid_n * NT ..``, k tiles ``pid_k * kt_split ..`` (``KT``
+    a step), rows ``pid_m * BM ..``; ``u_ptr`` the int32 view of the trellis, ``y_ptr`` float32 contiguous."""
+    WORDS: gl.constexpr = 8 * BITS  # int32 words per tile
+    dec: gl.constexpr = decode_layout(WARPS)
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=acc_l, k_width=2)
+    o0, o1, o2, rel = lane_words(n_tiles, gl.program_id(0) * NT, BITS, NT, KT, dec)
 
     rows = gl.program_id(2) * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, b_l))
     kk = gl.arange(0, 16 * KT, layout=gl.SliceLayout(1, b_l))
@@ -68,27 +108,12 @@ def exl3_tc_kernel(x_ptr, u_ptr, y_ptr, M, n_tiles, kt_split, stride_xm, stride_
     acc = gl.zeros([16 * NT, BM], gl.float32, layout=acc_l)
 
     kt0 = gl.program_id(1) * kt_split
-    tp = u_ptr + kt0 * n_tiles * WORDS
-    n0 = gl.load(tp + o0)
-    n1 = gl.load(tp + o1)
-    n2 = n1 if TWO_WORDS else gl.load(tp + o2)
+    n0, n1, n2 = load_words(u_ptr + kt0 * n_tiles * WORDS, o0, o1, o2, TWO_WORDS)
     for k in range(kt0, kt0 + kt_split, KT):
         c0, c1, c2 = n0, n1, n2  # this step's words were loaded a step ago; start the next step's now
         tp = u_ptr + gl.minimum(k + KT, kt0 + kt_split - KT) * n_tiles * WORDS
-        n0 = gl.load(tp + o0)
-        n1 = gl.load(tp + o1)
-        n2 = n1 if TWO_WORDS else gl.load(tp + o2)
-        w1 = c1.to(gl.uint32, bitcast=True).to(gl.uint64)
-        win01 = gl.expand_dims((c0.to(gl.uint32, bitcast=True).to(gl.uint64) << 32) | w1, 3)
-        if TWO_WORDS:
-            st = win01 >> (48 - rel).to(gl.uint64)
-        else:
-            win12 = gl.expand_dims((w1 << 32) | c2.to(gl.uint32, bitcast=True).to(gl.uint64), 3)
-            st = gl.where(rel <= 48, win01 >> (48 - rel).to(gl.uint64), win12 >> (80 - rel).to(gl.uint64))
-        st = st.to(gl.uint32)
-        v = codebook_pairs(st, CB) if PAIRS else codebook_value(st & 0xFFFF, CB, True)  # [NT, KT, 32, 8] float16
-        v = gl.permute(gl.reshape(v, (NT, KT, 8, 4, 2, 2, 2)), (0, 4, 2, 1, 5, 3, 6))  # nt s2 cq | kt s1 q s0
-        a = gl.convert_layout(gl.reshape(v, (16 * NT, 16 * KT)), a_l, assert_trivial=True)
+        n0, n1, n2 = load_words(tp, o0, o1, o2, TWO_WORDS)
+        a = fragment(c0, c1, c2, rel, CB, NT, KT, TWO_WORDS, PAIRS, a_l)
         xb = gl.load(x_at + k * 16, mask=x_live, other=0.0)
         acc = mma_v2(a, xb, acc)
 
