@@ -37,7 +37,7 @@ def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got.double() - ref).norm() / ref.norm())
 
 
-def checks(gen: torch.Generator) -> int:
+def checks(args, gen: torch.Generator) -> int:
     from qlinear.kernels.triton import exl3_tc
     from qlinear.layouts import exl3
 
@@ -52,14 +52,14 @@ def checks(gen: torch.Generator) -> int:
         inner16 = exl3.inner_weight(tr.cpu(), bits, exl3.codebook_table(cb)).to(DEV)
         inner = inner16.double()
         worst = 0.0
-        for m, launch in itertools.product((3, 40), ({"split": 4}, {"warps": 2, "tiles_n": 4, "tiles_k": 4})):
+        for m, launch in itertools.product(args.check_ms, ({"split": 4}, {"warps": 2, "tiles_n": 4, "tiles_k": 4})):
             xh = torch.randn(m, 1024, device=DEV, generator=gen).half()
             worst = max(worst, rel(exl3_tc.tc_product(xh, tr, bits, cb, sms, **launch), xh.double() @ inner))
         exact = [all(torch.equal(exl3_tc.tc_product(eye[k0:k0 + 32], tr, bits, cb, sms, pairs=p).half()
                                  .view(torch.int16), inner16[k0:k0 + 32].view(torch.int16))
-                     for k0 in range(0, 1024, 32)) for p in (True, False)]
+                     for k0 in range(0, 1024, 32)) for p in args.check_pairs]
         failed += (not worst <= 1e-5) + exact.count(False)
-        say(f"| {bits} {cb} | {worst:.2e} | {exact[0]} / {exact[1]} |")
+        say(f"| {bits} {cb} | {worst:.2e} | {' / '.join(map(str, exact))} |")
     say()
     return failed
 
@@ -121,10 +121,14 @@ def timing(args, gen: torch.Generator) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, SHAPES, (1, 4, 8, 16, 32), reps=20)
+    p.add_argument("--check-ms", default="3,40", help="rows of the float64 checks (none: empty)")
+    p.add_argument("--check-pairs", default="1,0", help="codebook forms of the bit-exact check: 1 paired PTX, 0 plain")
     args = parse_args(p, argv)
+    args.check_ms = [int(v) for v in args.check_ms.split(",") if v]
+    args.check_pairs = [v == "1" for v in args.check_pairs.split(",") if v]
     gen = torch.Generator(device=DEV).manual_seed(3)
     return checks_then_timing("gpu_exl3_tc", "EXL3 into mma fragments (Gluon) against the GEMV and fused kernel",
-                              argv, args, lambda: checks(gen), lambda a: timing(a, gen))
+                              argv, args, lambda: checks(args, gen), lambda a: timing(a, gen))
 
 
 if __name__ == "__main__":
