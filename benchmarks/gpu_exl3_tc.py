@@ -71,7 +71,7 @@ def timing(args, gen: torch.Generator) -> int:
 
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     failed = 0
-    for (k, n), (bits, cb) in itertools.product(args.shapes, WIDTHS):
+    for (k, n), (bits, cb) in itertools.product(args.shapes, args.widths):
         trs = [torch.randint(-(1 << 15), 1 << 15, (k // 16, n // 16, 16 * bits), device=DEV, dtype=torch.int16,
                              generator=gen) for _ in range(copies(k * n * bits // 8))]
         inner64 = exl3.inner_weight(trs[0].cpu(), bits, exl3.codebook_table(cb)).double().to(DEV)
@@ -123,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, SHAPES, (1, 4, 8, 16, 32), reps=20)
     p.add_argument("--check-ms", default="3,40", help="rows of the float64 checks (none: empty)")
     p.add_argument("--check-pairs", default="1,0", help="codebook forms of the bit-exact check: 1 paired PTX, 0 plain")
+    p.add_argument("--widths", default=",".join(f"{b}:{c}" for b, c in WIDTHS), help="bits:codebook, comma separated")
     args = parse_args(p, argv)
+    args.widths = [(int(w.split(":")[0]), w.split(":")[1]) for w in args.widths.split(",")]
     args.check_ms = [int(v) for v in args.check_ms.split(",") if v]
     args.check_pairs = [v == "1" for v in args.check_pairs.split(",") if v]
     gen = torch.Generator(device=DEV).manual_seed(3)

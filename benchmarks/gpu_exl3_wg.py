@@ -65,7 +65,7 @@ def timing(args, gen: torch.Generator) -> int:
 
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     failed = 0
-    for (k, n), (bits, cb) in itertools.product(args.shapes, WIDTHS):
+    for (k, n), (bits, cb) in itertools.product(args.shapes, args.widths):
         trs = [torch.randint(-(1 << 15), 1 << 15, (k // 16, n // 16, 16 * bits), device=DEV, dtype=torch.int16,
                              generator=gen) for _ in range(copies(k * n * bits // 8))]
         inner64 = exl3.inner_weight(trs[0].cpu(), bits, exl3.codebook_table(cb)).double().to(DEV)
@@ -110,7 +110,9 @@ def timing(args, gen: torch.Generator) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, SHAPES, (48, 64, 128, 256), reps=20)
+    p.add_argument("--widths", default=",".join(f"{b}:{c}" for b, c in WIDTHS), help="bits:codebook, comma separated")
     args = parse_args(p, argv)
+    args.widths = [(int(w.split(":")[0]), w.split(":")[1]) for w in args.widths.split(",")]
     gen = torch.Generator(device=DEV).manual_seed(5)
     return checks_then_timing("gpu_exl3_wg", "EXL3 into wgmma fragments (Gluon) against the fused kernel and "
                               "decode + matmul", argv, args, lambda: checks(gen), lambda a: timing(a, gen))
