@@ -85,7 +85,7 @@ def timing(args, gen: torch.Generator) -> int:
                       "decode": lambda v, t, b=bits, c=cb: v @ exl3_mv.decode_inner(t, b, c)}
             cells = [timed([lambda v, t=t, f=f: f(v, t) for t in trs], xh, args.reps) for f in others.values()]
             wg = {}
-            for launch in LAUNCHES:
+            for launch in args.launches:
                 def f(v, t, launch=launch, b=bits, c=cb):
                     nt_, kt_, w, st, per = launch
                     return exl3_wg.wg_product(v, t, b, c, sms, tiles_n=nt_, tiles_k=kt_, warps=w, stages=st,
@@ -110,9 +110,12 @@ def timing(args, gen: torch.Generator) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, SHAPES, (48, 64, 128, 256), reps=20)
+    p.add_argument("--launches", default=",".join("x".join(map(str, la)) for la in LAUNCHES),
+                   help="n tiles x k tiles x warps x stages x programs per SM, comma separated")
     p.add_argument("--widths", default=",".join(f"{b}:{c}" for b, c in WIDTHS), help="bits:codebook, comma separated")
     args = parse_args(p, argv)
     args.widths = [(int(w.split(":")[0]), w.split(":")[1]) for w in args.widths.split(",")]
+    args.launches = [tuple(int(v) for v in la.split("x")) for la in args.launches.split(",")]
     gen = torch.Generator(device=DEV).manual_seed(5)
     return checks_then_timing("gpu_exl3_wg", "EXL3 into wgmma fragments (Gluon) against the fused kernel and "
                               "decode + matmul", argv, args, lambda: checks(gen), lambda a: timing(a, gen))
