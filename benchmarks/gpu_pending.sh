@@ -95,8 +95,15 @@ run exl3_rows 150 python benchmarks/gpu_exl3_parts.py --no-transforms --shapes 4
 # which set exl3_mv's FUSED_MAX_M / BLOCK_*; since 2026-12-08 M <= 32 go to exl3_tc, so what is left to time is the
 # fused kernel's own range (33..64) and the crossover to decode + matmul, on both shapes and the H200
 run exl3_block 300 python benchmarks/gpu_exl3_block.py --ms 33,48,64,96,128 --no-check
-# EXL3 decoded straight into mma fragments (exl3_tc.py, Gluon; 2026-12-08): every width x codebook against float64,
-# then the launch sweep beside the GEMV and the fused kernel (ran on an H100: results/h100-gpu_exl3_tc-2026-12-08.md);
-# the H200's own
-run exl3_tc 200 python benchmarks/gpu_exl3_tc.py
+# EXL3 decoded straight into mma fragments (exl3_tc.py, Gluon; 2026-12-08): every width x codebook against float64 and
+# bit for bit through identity rows, with the paired codebook PTX (exl3_tc.PAIRS, off until this passes) and without,
+# then the launch sweep beside the GEMV and the fused kernel, paired against plain (the first sweep, without the
+# paired form, ran on an H100: results/h100-gpu_exl3_tc-2026-12-08.md). If every check passes and paired is faster,
+# set PAIRS = True
+run exl3_tc 300 python benchmarks/gpu_exl3_tc.py --check-ms 3 --ms 1,4,16,32
+# EXL3 decoded into wgmma A fragments, x by TMA (exl3_wg.py, Gluon, sm_90; 2026-12-08, written and compiled offline,
+# never run: the device stopped lending): bit-exact and float64 checks at every width x codebook, then the launch
+# sweep at M = 48..256 beside the fused kernel and decode + matmul. If it wins, route M > exl3_mv.TC_MAX_M to it in
+# exl3_mv.inner_product (up to the M where decode + matmul wins) and set exl3_wg.LAUNCH / PROGRAMS_PER_SM
+run exl3_wg 330 python benchmarks/gpu_exl3_wg.py
 exit $status
