@@ -22,7 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_report import bf16_baseline, checks_then_timing, parser, say
+from exl3_sweep import rel, sweep
+from gpu_report import checks_then_timing, parser, say
 from gpu_report import parse as parse_args
 
 SHAPES = ((4096, 14336), (14336, 4096))
@@ -31,10 +32,6 @@ DEV = torch.device("cuda")
 LAUNCHES = ((8, 4, 4, 16, True), (8, 4, 4, 16, False), (8, 2, 2, 16, True), (8, 2, 2, 16, False),
             (16, 2, 4, 16, True), (8, 2, 4, 16, True))
 WIDTHS = ((2, "3inst"), (4, "3inst"), (2, "mul1"), (2, "mcg"))
-
-
-def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((got.double() - ref).norm() / ref.norm())
 
 
 def checks(args, gen: torch.Generator) -> int:
@@ -65,58 +62,25 @@ def checks(args, gen: torch.Generator) -> int:
 
 
 def timing(args, gen: torch.Generator) -> int:
-    from gpu_linear import copies, timed
     from qlinear.kernels.triton import exl3_gemv, exl3_mv, exl3_tc
-    from qlinear.layouts import exl3
 
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
-    failed = 0
-    for (k, n), (bits, cb) in itertools.product(args.shapes, args.widths):
-        trs = [torch.randint(-(1 << 15), 1 << 15, (k // 16, n // 16, 16 * bits), device=DEV, dtype=torch.int16,
-                             generator=gen) for _ in range(copies(k * n * bits // 8))]
-        inner64 = exl3.inner_weight(trs[0].cpu(), bits, exl3.codebook_table(cb)).double().to(DEV)
-        wb = bf16_baseline(k, n, gen)
-        say(f"## {k}x{n}, {bits}-bit {cb}: us per call (/ bf16)")
-        say()
-        say("| M | bf16 | shipped route | GEMV | fused (Triton) | best tc (n tiles, k tiles, warps, per SM, pairs) | "
-            "tc at the shipped launch |")
-        say("|---" * 7 + "|")
-        for m in args.ms:
-            x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
-            xh = x.half()
-            ref = xh.double() @ inner64
-            tb = timed(wb, x, args.reps)
-            others = {"route": lambda v, t, b=bits, c=cb: exl3_mv.inner_product(v, t, b, c, sms),
-                      "gemv": lambda v, t, b=bits, c=cb: exl3_gemv.gemv_product(v, t, b, c, sms),
-                      "fused": lambda v, t, b=bits, c=cb: exl3_mv.fused_product(v, t, b, c, sms)}
-            cells = {}
-            for name, f in others.items():
-                if name == "gemv" and m > exl3_gemv.MAX_ROWS:
-                    cells[name] = "-"
-                    continue
-                cells[name] = f"{timed([lambda v, t=t, f=f: f(v, t) for t in trs], xh, args.reps):.1f}"
-            tc = {}
-            for nt_, kt_, w, per, pairs in LAUNCHES:
-                def f(v, t, nt_=nt_, kt_=kt_, w=w, per=per, pairs=pairs, b=bits, c=cb):
-                    return exl3_tc.tc_product(v, t, b, c, sms, tiles_n=nt_, tiles_k=kt_, warps=w, per_sm=per,
-                                              pairs=pairs)
-                err = rel(f(xh, trs[0]), ref)
-                if not err <= 1e-5:
-                    say(f"<!-- WRONG {k}x{n} {bits} {cb} M={m} {(nt_, kt_, w, per, pairs)}: {err:.2e} -->")
-                    failed += 1
-                    continue
-                tc[(nt_, kt_, w, per, pairs)] = timed([lambda v, t=t, f=f: f(v, t) for t in trs], xh, args.reps)
-            best = min(tc, key=tc.get)
-            launch = exl3_tc.LAUNCH_FEW if exl3_tc.tc_rows(m) <= 8 else exl3_tc.LAUNCH
-            shipped = tc.get((*launch, exl3_tc.PROGRAMS_PER_SM, exl3_tc.PAIRS))
-            say(f"| {m} | {tb:.1f} | " + " | ".join(c if c == "-" else f"{c} ({float(c) / tb:.2f})"
-                                                  for c in cells.values())
-                + f" | {best} {tc[best]:.1f} ({tc[best] / tb:.2f}) | " + (f"{shipped:.1f}" if shipped else "-") + " |")
-            say("<!-- " + ", ".join(f"{key}: {t:.1f}" for key, t in tc.items()) + " -->")
-        say()
-        del trs, wb
-        torch.cuda.empty_cache()
-    return failed
+
+    def others(m: int, bits: int, cb: str) -> dict:
+        return {"shipped route": lambda v, t: exl3_mv.inner_product(v, t, bits, cb, sms),
+                "GEMV": (lambda v, t: exl3_gemv.gemv_product(v, t, bits, cb, sms)) if m <= exl3_gemv.MAX_ROWS else None,
+                "fused (Triton)": lambda v, t: exl3_mv.fused_product(v, t, bits, cb, sms)}
+
+    def launched(launch: tuple, bits: int, cb: str):
+        nt_, kt_, w, per, pairs = launch
+        return lambda v, t: exl3_tc.tc_product(v, t, bits, cb, sms, tiles_n=nt_, tiles_k=kt_, warps=w, per_sm=per,
+                                               pairs=pairs)
+
+    def shipped(m: int) -> tuple:
+        return (*(exl3_tc.LAUNCH_FEW if exl3_tc.tc_rows(m) <= 8 else exl3_tc.LAUNCH), exl3_tc.PROGRAMS_PER_SM,
+                exl3_tc.PAIRS)
+
+    return sweep(args, gen, "tc (n tiles, k tiles, warps, per SM, pairs)", others, LAUNCHES, launched, shipped)
 
 
 def main(argv: list[str] | None = None) -> int:

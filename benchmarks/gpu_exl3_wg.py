@@ -22,7 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_report import bf16_baseline, checks_then_timing, parser, say
+from exl3_sweep import rel, sweep
+from gpu_report import checks_then_timing, parser, say
 from gpu_report import parse as parse_args
 
 SHAPES = ((4096, 14336), (14336, 4096))
@@ -30,10 +31,6 @@ DEV = torch.device("cuda")
 #: (n tiles, k tiles a step, warps, x stages, programs per SM) of the sweep
 LAUNCHES = ((8, 2, 4, 4, 4), (4, 2, 4, 4, 4), (4, 4, 4, 4, 4), (16, 2, 8, 4, 4), (8, 2, 4, 4, 8))
 WIDTHS = ((2, "3inst"), (4, "3inst"), (2, "mul1"), (2, "mcg"))
-
-
-def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((got.double() - ref).norm() / ref.norm())
 
 
 def checks(gen: torch.Generator) -> int:
@@ -59,53 +56,22 @@ def checks(gen: torch.Generator) -> int:
 
 
 def timing(args, gen: torch.Generator) -> int:
-    from gpu_linear import copies, timed
     from qlinear.kernels.triton import exl3_mv, exl3_wg
-    from qlinear.layouts import exl3
 
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
-    failed = 0
-    for (k, n), (bits, cb) in itertools.product(args.shapes, args.widths):
-        trs = [torch.randint(-(1 << 15), 1 << 15, (k // 16, n // 16, 16 * bits), device=DEV, dtype=torch.int16,
-                             generator=gen) for _ in range(copies(k * n * bits // 8))]
-        inner64 = exl3.inner_weight(trs[0].cpu(), bits, exl3.codebook_table(cb)).double().to(DEV)
-        wb = bf16_baseline(k, n, gen)
-        say(f"## {k}x{n}, {bits}-bit {cb}: us per call (/ bf16)")
-        say()
-        say("| M | bf16 | shipped route | fused (Triton) | decode + matmul | best wgmma (n tiles, k tiles, warps, "
-            "stages, per SM) | wgmma at the shipped launch |")
-        say("|---" * 7 + "|")
-        for m in args.ms:
-            x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
-            xh = x.half()
-            ref = xh.double() @ inner64
-            tb = timed(wb, x, args.reps)
-            others = {"route": lambda v, t, b=bits, c=cb: exl3_mv.inner_product(v, t, b, c, sms),
-                      "fused": lambda v, t, b=bits, c=cb: exl3_mv.fused_product(v, t, b, c, sms),
-                      "decode": lambda v, t, b=bits, c=cb: v @ exl3_mv.decode_inner(t, b, c)}
-            cells = [timed([lambda v, t=t, f=f: f(v, t) for t in trs], xh, args.reps) for f in others.values()]
-            wg = {}
-            for launch in args.launches:
-                def f(v, t, launch=launch, b=bits, c=cb):
-                    nt_, kt_, w, st, per = launch
-                    return exl3_wg.wg_product(v, t, b, c, sms, tiles_n=nt_, tiles_k=kt_, warps=w, stages=st,
-                                              per_sm=per)
-                err = rel(f(xh, trs[0]), ref)
-                if not err <= 1e-5:
-                    say(f"<!-- WRONG {k}x{n} {bits} {cb} M={m} {launch}: {err:.2e} -->")
-                    failed += 1
-                    continue
-                wg[launch] = timed([lambda v, t=t, f=f: f(v, t) for t in trs], xh, args.reps)
-            best = min(wg, key=wg.get) if wg else None
-            shipped = wg.get((*exl3_wg.LAUNCH, exl3_wg.PROGRAMS_PER_SM))
-            say(f"| {m} | {tb:.1f} | " + " | ".join(f"{c:.1f} ({c / tb:.2f})" for c in cells)
-                + (f" | {best} {wg[best]:.1f} ({wg[best] / tb:.2f}) | " if best else " | - | ")
-                + (f"{shipped:.1f}" if shipped else "-") + " |")
-            say("<!-- " + ", ".join(f"{key}: {t:.1f}" for key, t in wg.items()) + " -->")
-        say()
-        del trs, wb
-        torch.cuda.empty_cache()
-    return failed
+
+    def others(m: int, bits: int, cb: str) -> dict:
+        return {"shipped route": lambda v, t: exl3_mv.inner_product(v, t, bits, cb, sms),
+                "fused (Triton)": lambda v, t: exl3_mv.fused_product(v, t, bits, cb, sms),
+                "decode + matmul": lambda v, t: v @ exl3_mv.decode_inner(t, bits, cb)}
+
+    def launched(launch: tuple, bits: int, cb: str):
+        nt_, kt_, w, st, per = launch
+        return lambda v, t: exl3_wg.wg_product(v, t, bits, cb, sms, tiles_n=nt_, tiles_k=kt_, warps=w, stages=st,
+                                               per_sm=per)
+
+    return sweep(args, gen, "wgmma (n tiles, k tiles, warps, stages, per SM)", others, args.launches, launched,
+                 lambda m: (*exl3_wg.LAUNCH, exl3_wg.PROGRAMS_PER_SM))
 
 
 def main(argv: list[str] | None = None) -> int:

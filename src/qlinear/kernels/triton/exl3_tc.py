@@ -117,14 +117,22 @@ def exl3_tc_kernel(x_ptr, u_ptr, y_ptr, M, n_tiles, kt_split, stride_xm, stride_
         xb = gl.load(x_at + k * 16, mask=x_live, other=0.0)
         acc = mma_v2(a, xb, acc)
 
-    n = gl.program_id(0) * NT * 16 + gl.arange(0, 16 * NT, layout=gl.SliceLayout(1, acc_l))
-    out_rows = gl.program_id(2) * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
-    ptr = y_ptr + gl.expand_dims(out_rows, 0) * stride_ym + gl.expand_dims(n, 1)
-    live = gl.expand_dims(out_rows < M, 0)
+    put(y_ptr, acc, gl.program_id(0) * NT * 16, gl.program_id(2) * BM, M, stride_ym, NT, BM, ATOMIC)
+
+
+@gluon.jit
+def put(y_ptr, out, n0, m0, M, stride_ym, NT: gl.constexpr, BM: gl.constexpr, ATOMIC: gl.constexpr):
+    """Store (``ATOMIC``: add, relaxed: split-K partials) ``out [16 NT, BM]`` (n, rows) as ``y[m0 + r, n0 + c]``, rows
+    past ``M`` left out, in ``out``'s own layout."""
+    layout: gl.constexpr = out.type.layout
+    n = n0 + gl.arange(0, 16 * NT, layout=gl.SliceLayout(1, layout))
+    rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, layout))
+    ptr = y_ptr + gl.expand_dims(rows, 0) * stride_ym + gl.expand_dims(n, 1)
+    live = gl.expand_dims(rows < M, 0)
     if ATOMIC:
-        gl.atomic_add(ptr, acc, mask=live, sem="relaxed")
+        gl.atomic_add(ptr, out, mask=live, sem="relaxed")
     else:
-        gl.store(ptr, acc, mask=live)
+        gl.store(ptr, out, mask=live)
 
 
 #: Launch (n tiles a program, k tiles a step, warps) by rows, from the H100 sweep over 7 launches, 2 shapes x 3

@@ -19,7 +19,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup
 
 from ...layouts.exl3 import CODEBOOKS
 from .exl3_gemv import two_words
-from .exl3_tc import PAIRS, decode_layout, fragment, lane_words, load_words
+from .exl3_tc import PAIRS, decode_layout, fragment, lane_words, load_words, put
 from .qmm4 import tma_load
 
 
@@ -87,15 +87,7 @@ def exl3_wg_kernel(x_desc, u_ptr, y_ptr, M, n_tiles, kt_split, stride_ym, BITS: 
         mbarrier.invalidate(bars.index(s))
 
     out_l: gl.constexpr = gl.BlockedLayout([16 * NT // 32, 1], [32, 1], [1, NW], [0, 1])  # lanes along n
-    out = gl.convert_layout(acc, out_l)
-    n = pid_n * NT * 16 + gl.arange(0, 16 * NT, layout=gl.SliceLayout(1, out_l))
-    rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, out_l))
-    ptr = y_ptr + gl.expand_dims(rows, 0) * stride_ym + gl.expand_dims(n, 1)
-    live = gl.expand_dims(rows < M, 0)
-    if ATOMIC:
-        gl.atomic_add(ptr, out, mask=live, sem="relaxed")
-    else:
-        gl.store(ptr, out, mask=live)
+    put(y_ptr, gl.convert_layout(acc, out_l), pid_n * NT * 16, m0, M, stride_ym, NT, BM, ATOMIC)
 
 
 #: Launch (n tiles a program, k tiles a step, warps, x stages); a first guess from gemm4's shapes, to be set by
