@@ -165,3 +165,30 @@ def test_launcher_errors(mv) -> None:
         mv.inner_product(torch.zeros(2, 128), tr, 2, "3inst", sms=1)
     with pytest.raises(ValueError, match="codebook"):
         mv.decode_inner(tr, 2, "2mad")
+
+
+@pytest.mark.parametrize(("gluon", "routes"), [(True, {1: "tc", 8: "tc", 32: "tc", 33: "fused", 64: "fused"}),
+                                               (False, {1: "gemv", 4: "gemv", 5: "fused", 64: "fused"})])
+def test_route_by_rows(mv, monkeypatch: pytest.MonkeyPatch, gluon: bool, routes: dict[int, str]) -> None:
+    """``inner_product``'s route (``TC_MAX_M``, ``GEMV_MAX_M``, ``FUSED_MAX_M``), with and without the Gluon kernel
+    (``tc_available``: CUDA and a Triton with Gluon; here stood in for); above ``FUSED_MAX_M`` the weight is decoded
+    and multiplied (run for real, in the interpreter)."""
+    from qlinear.kernels.triton import exl3_tc
+
+    taken: list[str] = []
+
+    def stand_in(name: str):
+        return lambda xh, tr, *a, **k: taken.append(name) or torch.zeros(xh.shape[0], 16 * tr.shape[1])
+
+    monkeypatch.setattr(mv, "tc_available", lambda xh: gluon)
+    monkeypatch.setattr(exl3_tc, "tc_product", stand_in("tc"))
+    monkeypatch.setattr(mv, "gemv_product", stand_in("gemv"))
+    monkeypatch.setattr(mv, "fused_product", stand_in("fused"))
+    tr = trellis(64, 32, 2, seed=1)
+    for m, want in routes.items():
+        taken.clear()
+        mv.inner_product(torch.zeros(m, 64, dtype=torch.float16), tr, 2, "3inst", sms=4)
+        assert taken == [want], (m, taken)
+    taken.clear()
+    y = mv.inner_product(torch.ones(mv.FUSED_MAX_M + 1, 64, dtype=torch.float16), tr, 2, "3inst", sms=4)
+    assert taken == [] and y.shape == (mv.FUSED_MAX_M + 1, 32)
