@@ -147,10 +147,11 @@ def decode_inner(trellis: torch.Tensor, bits: int, codebook: str) -> torch.Tenso
 
 
 def tc_available(xh: torch.Tensor) -> bool:
-    """Whether the mma-fragment kernel (``exl3_tc.py``) can run on ``xh``'s device: CUDA and a Triton with Gluon."""
+    """Whether the mma-fragment kernel (``exl3_tc.py``) can run on ``xh``'s device: NVIDIA CUDA (not ROCm, which
+    torch also calls cuda: the kernel is NVIDIA PTX) and a Triton with Gluon."""
     from .gemm4_limits import gluon_missing
 
-    return xh.is_cuda and not gluon_missing()
+    return xh.is_cuda and torch.version.hip is None and not gluon_missing()
 
 
 def inner_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str,
