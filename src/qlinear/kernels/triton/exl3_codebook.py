@@ -66,10 +66,7 @@ def codebook_pairs(state, CB: tl.constexpr):
     """``codebook_value(state & 0xFFFF, CB, True)`` for uint32 ``state``, CUDA only, two states an instruction
     sequence for 3inst and mcg (``_pair_asm``; the pairs are neighbouring registers, which ``exl3_tc`` lays out as
     one mma A register); mul1 as ``codebook_value`` (its dp4a form compiles no better paired)."""
-    if CB == 0:
-        val = tl.inline_asm_elementwise(PAIR_3INST, "=r,r,r", [state], dtype=tl.float16, is_pure=True, pack=2)
-    elif CB == 1:
-        val = tl.inline_asm_elementwise(PAIR_MCG, "=r,r,r", [state], dtype=tl.float16, is_pure=True, pack=2)
-    else:
-        val = codebook_value(state & 0xFFFF, CB, True)
-    return val
+    if CB == 2:
+        return codebook_value(state & 0xFFFF, CB, True)
+    return tl.inline_asm_elementwise(PAIR_3INST if CB == 0 else PAIR_MCG, "=r,r,r", [state], dtype=tl.float16,
+                                     is_pure=True, pack=2)

@@ -68,10 +68,10 @@ def _put(y_ptr, acc_lo, acc_hi, rows, nt, M, n_tiles, NTN: tl.constexpr, MB: tl.
 
 
 @triton.jit
-def lane_first_bit(BITS: tl.constexpr):
-    """``[32]``: the first bit of each lane's first state (stream position ``8 L``) within its tile's ``256 BITS``
-    bits; shared with the block decode (``exl3_mv._stream_block``)."""
-    lane = tl.arange(0, 32)
+def lane_first_bit(lane, BITS: tl.constexpr):
+    """The first bit of lane ``lane``'s first state (stream position ``8 L``) within its tile's ``256 BITS`` bits;
+    elementwise, so the block decode (``exl3_mv._stream_block``) and the Gluon kernels (``exl3_tc.py``, lanes in
+    their own layouts) share it."""
     return ((8 * lane + 1) * BITS + (256 * BITS - 16)) % (256 * BITS)
 
 
@@ -85,7 +85,7 @@ def exl3_gemv_kernel(x_ptr, u_ptr, y_ptr, M, stride_xw, n_tiles, kt_split, BITS:
     decoding this one (hides the load latency when few warps are resident)."""
     WORDS: tl.constexpr = 8 * BITS  # int32 words per tile
     lane = tl.arange(0, 32)
-    start = lane_first_bit(BITS)
+    start = lane_first_bit(lane, BITS)
     first = start // 32
     rel0 = start % 32
     nt = tl.program_id(0) * NTN + tl.arange(0, NTN)

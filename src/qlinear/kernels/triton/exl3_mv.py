@@ -32,7 +32,7 @@ def _stream_block(u_ptr, kt0, nt0, n_tiles, BITS: tl.constexpr, CB: tl.constexpr
     from 2-3 words loaded once), then placed: lane ``L = 4 cq + q``, state ``s = 4 s2 + 2 s1 + s0`` is tile row
     ``8 s1 + 2 q + s0``, column ``8 s2 + cq``, a reshape and one permute (the layout change ``tl.dot`` makes anyway)."""
     WORDS: tl.constexpr = 8 * BITS  # int32 words per tile
-    start = lane_first_bit(BITS)
+    start = lane_first_bit(tl.arange(0, 32), BITS)
     first = start // 32
     rel = ((start % 32)[:, None] + tl.arange(0, 8)[None, :] * BITS)[None, None, :, :]  # [1, 1, 32, 8]
     kt = kt0 + tl.arange(0, KT)

@@ -24,13 +24,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from ...layouts.exl3 import CODEBOOKS
 from .exl3_codebook import codebook_pairs, codebook_value
-from .exl3_gemv import two_words
-
-
-@gluon.jit
-def _first_bit(lane, BITS: gl.constexpr):
-    """The first bit of lane ``lane``'s first state within its tile (``exl3_gemv.lane_first_bit``)."""
-    return ((8 * lane + 1) * BITS + (256 * BITS - 16)) % (256 * BITS)
+from .exl3_gemv import lane_first_bit, two_words
 
 
 @gluon.jit
@@ -49,11 +43,11 @@ def lane_words(n_tiles, nt0, BITS: gl.constexpr, NT: gl.constexpr, KT: gl.conste
     WORDS: gl.constexpr = 8 * BITS
     words_l: gl.constexpr = gl.SliceLayout(3, dec)  # [NT, KT, 32]
     lane = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, words_l)))
-    first = gl.expand_dims(gl.expand_dims(_first_bit(lane, BITS) // 32, 0), 1)  # [1, 1, 32]
+    first = gl.expand_dims(gl.expand_dims(lane_first_bit(lane, BITS) // 32, 0), 1)  # [1, 1, 32]
     lane_state: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, dec))  # [32, 8]
     lane2 = gl.arange(0, 32, layout=gl.SliceLayout(1, lane_state))
     state = gl.arange(0, 8, layout=gl.SliceLayout(0, lane_state))
-    rel = gl.expand_dims(_first_bit(lane2, BITS) % 32, 1) + gl.expand_dims(state, 0) * BITS
+    rel = gl.expand_dims(lane_first_bit(lane2, BITS) % 32, 1) + gl.expand_dims(state, 0) * BITS
     rel = gl.expand_dims(gl.expand_dims(rel, 0), 0)  # [1, 1, 32, 8]
     nt = nt0 + gl.arange(0, NT, layout=gl.SliceLayout(1, gl.SliceLayout(2, words_l)))
     kt = gl.arange(0, KT, layout=gl.SliceLayout(0, gl.SliceLayout(2, words_l)))

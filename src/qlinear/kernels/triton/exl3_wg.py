@@ -91,7 +91,7 @@ def exl3_wg_kernel(x_desc, u_ptr, y_ptr, M, n_tiles, kt_split, stride_ym, BITS: 
 
 
 #: Launch (n tiles a program, k tiles a step, warps, x stages); a first guess from gemm4's shapes, to be set by
-#: ``benchmarks/gpu_exl3_tc.py``'s sweep.
+#: ``benchmarks/gpu_exl3_wg.py``'s sweep.
 LAUNCH = (8, 2, 4, 4)
 #: Programs per SM the K split aims for.
 PROGRAMS_PER_SM = 4
@@ -103,25 +103,13 @@ def wg_rows(m: int) -> int:
     return min(128, max(64, 1 << max(0, m - 1).bit_length()))
 
 
-def wg_reasons(xh: torch.Tensor, trellis: torch.Tensor, tiles_k: int = LAUNCH[1]) -> list[str]:
-    """Why ``wg_product`` cannot run this call ([] when it can)."""
-    out = []
-    if not xh.is_cuda or torch.cuda.get_device_capability(xh.device)[0] != 9:
-        out.append("wgmma + TMA: sm_90 only")
-    kt = trellis.shape[0]
-    if kt % (2 * tiles_k):
-        out.append(f"K = {16 * kt}: the pipeline takes whole pairs of {16 * tiles_k}-row steps (K % "
-                   f"{32 * tiles_k} == 0)")
-    return out
-
-
 def wg_product(xh: torch.Tensor, trellis: torch.Tensor, bits: int, codebook: str, sms: int,
                tiles_n: int | None = None, tiles_k: int | None = None, warps: int | None = None,
                stages: int | None = None, rows: int | None = None, split: int | None = None,
                per_sm: int = PROGRAMS_PER_SM, pairs: bool = PAIRS) -> torch.Tensor:
-    """float32 ``xh [M, K] @ inner [K, N]`` through wgmma (``wg_reasons`` empty; ``xh`` float16 contiguous, the
-    trellis checked by ``exl3_mv.check_trellis``). The keywords override ``LAUNCH``, ``wg_rows``, the split rule
-    and ``PAIRS``, for sweeps."""
+    """float32 ``xh [M, K] @ inner [K, N]`` through wgmma (sm_90; ``xh`` float16, the trellis checked by
+    ``exl3_mv.check_trellis``; a shape the launch cannot tile raises ``ValueError``). The keywords override
+    ``LAUNCH``, ``wg_rows``, the split rule and ``PAIRS``, for sweeps."""
     from .qmm5 import _descriptor
 
     kt, nt = trellis.shape[:2]
